@@ -1,0 +1,34 @@
+# Every command a user needs. `make train` and `make test` create .venv on first use.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed-requirements
+
+.PHONY: venv train test test-fast bench lint slurm-up slurm-down clean
+
+venv: $(INSTALLED)
+
+# Reinstall whenever the pins change.
+$(INSTALLED): requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --requirement requirements.txt
+	cp requirements.txt $(INSTALLED)
+
+train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
+	$(PY) train.py $(ARGS)
+
+test: venv ## The whole suite, learning checks included
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: venv ## Everything but the minutes-long learning checks
+	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+bench: venv ## Throughput and the time split of an iteration, written to the run directory
+	$(PY) -m rl_app.bench $(ARGS)
+
+lint: venv
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+clean:
+	rm -rf runs .pytest_cache

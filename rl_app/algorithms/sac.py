@@ -1,0 +1,108 @@
+"""Soft Actor-Critic for continuous actions: a tanh-Gaussian actor and two Q-networks."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import NormalParamExtractor, TensorDictModule
+from torch import nn
+from torchrl.data import TensorSpec
+from torchrl.envs import EnvBase
+from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
+from torchrl.objectives import SACLoss, SoftUpdate
+
+from rl_app.algorithms.base import PRIORITY_KEY, Algorithm
+from rl_app.config import Config, NetworkConfig
+
+
+def make_actor(
+    network: NetworkConfig,
+    observation_dim: int,
+    action_spec: TensorSpec,
+    env: EnvBase | None = None,
+) -> ProbabilisticActor:
+    """The SAC actor: observation -> (loc, scale) -> TanhNormal within the action bounds.
+
+    ``env`` is accepted and unused because TorchRL's Evaluator calls policy factories
+    with the evaluation env."""
+    action_dim = action_spec.shape[-1]
+    backbone = nn.Sequential(
+        MLP(
+            in_features=observation_dim,
+            out_features=2 * action_dim,
+            num_cells=network.hidden_sizes,
+            activation_class=nn.ReLU,
+        ),
+        NormalParamExtractor(),
+    )
+    return ProbabilisticActor(
+        TensorDictModule(backbone, in_keys=["observation"], out_keys=["loc", "scale"]),
+        in_keys=["loc", "scale"],
+        spec=action_spec,
+        distribution_class=TanhNormal,
+        distribution_kwargs={"low": action_spec.space.low, "high": action_spec.space.high},
+        return_log_prob=False,
+    )
+
+
+def make_qvalue(network: NetworkConfig, observation_dim: int, action_dim: int) -> ValueOperator:
+    """A Q-network: (observation, action) -> state-action value."""
+    mlp = MLP(
+        in_features=observation_dim + action_dim,
+        out_features=1,
+        num_cells=network.hidden_sizes,
+        activation_class=nn.ReLU,
+    )
+    return ValueOperator(mlp, in_keys=["observation", "action"])
+
+
+class SAC(Algorithm):
+    """SAC with a learned temperature, two Q-networks and soft target updates."""
+
+    def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
+        self._observation_dim = env.observation_spec["observation"].shape[-1]
+        self._action_spec = env.action_spec_unbatched.clone().cpu()
+        self._network = config.network
+        self.policy = self.policy_factory()().to(device)
+        qvalue = make_qvalue(config.network, self._observation_dim, self._action_spec.shape[-1]).to(
+            device
+        )
+        self.loss = SACLoss(
+            self.policy,
+            qvalue,
+            num_qvalue_nets=2,
+            action_spec=self._action_spec.to(device),
+        )
+        self.loss.set_keys(priority=PRIORITY_KEY)
+        # The value target bootstraps through ("next", "terminated"), never through the
+        # "done" that slice samplers set at slice ends.
+        self.loss.make_value_estimator(gamma=config.optim.gamma)
+        self.target_updater = SoftUpdate(self.loss, tau=config.optim.tau)
+        # One optimizer over actor, critics and temperature: each loss term only reaches
+        # its own parameters (SACLoss detaches the others), so the summed loss is exact.
+        self.optimizer = torch.optim.Adam(self.loss.parameters(), lr=config.optim.lr)
+
+    def policy_factory(self) -> Callable[..., ProbabilisticActor]:
+        return functools.partial(
+            make_actor, self._network, self._observation_dim, self._action_spec
+        )
+
+    def update(self, batch: TensorDictBase) -> TensorDictBase:
+        losses = self.loss(batch)
+        total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
+        self.optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        self.optimizer.step()
+        self.target_updater.step()
+        return losses.detach()
+
+    def after_collect(self, frames: int) -> None:
+        """SAC explores through its stochastic policy: there is no schedule to advance."""
+
+    def checkpoint_components(self) -> dict[str, Any]:
+        # The loss module holds actor, critics, target critics and the temperature.
+        return {"sac_networks": self.loss, "sac_optimizer": self.optimizer}

@@ -1,0 +1,302 @@
+"""Every setting of a run: a typed schema, YAML presets, command-line overrides, validation.
+
+A run's configuration is built in three layers, each overriding the one before:
+the dataclass defaults below, a preset from ``configs/<name>.yaml``, and ``key=value``
+overrides from the command line. OmegaConf merges the layers and checks key names and
+types; :func:`validate` then checks values and ranges, so that a mistake stops the run
+before any environment, directory or process exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_PRESET = "default"
+
+
+class ConfigError(ValueError):
+    """A user's configuration mistake: reported as one line, exit status 2."""
+
+
+def setting(default: Any, doc: str) -> Any:
+    """A config field with a one-line description shown by ``train.py --help``."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass
+class EnvConfig:
+    """The environment trained on."""
+
+    name: str = setting("Pendulum-v1", "Gymnasium environment id")
+
+
+@dataclass
+class NetworkConfig:
+    """Sizes of the policy and value networks."""
+
+    hidden_sizes: list[int] = field(
+        default_factory=lambda: [256, 256], metadata={"doc": "hidden layer widths of every MLP"}
+    )
+
+
+@dataclass
+class CollectorConfig:
+    """How environment frames are gathered."""
+
+    total_frames: int = setting(20_000, "environment frames to train for")
+    frames_per_batch: int = setting(200, "frames collected per training iteration")
+    init_random_frames: int = setting(1_000, "frames of uniform random actions before learning")
+    mode: str = setting("direct", "collector topology: direct")
+    sync_every: int = setting(1, "push learner weights to the collector every N iterations")
+
+
+@dataclass
+class OptimConfig:
+    """The learner's updates."""
+
+    lr: float = setting(3e-4, "Adam learning rate of every network")
+    batch_size: int = setting(256, "transitions per gradient update")
+    utd_ratio: float = setting(1.0, "gradient updates per collected frame")
+    gamma: float = setting(0.99, "discount factor")
+    tau: float = setting(0.005, "soft target-network update rate")
+
+
+@dataclass
+class ReplayConfig:
+    """The replay buffer (memmap storage inside the run directory)."""
+
+    capacity: int = setting(100_000, "transitions kept in the buffer")
+    sampler: str = setting("prioritized_slice", "prioritized_slice | slice | prioritized | uniform")
+    slice_len: int = setting(8, "consecutive steps per sampled slice (slice samplers)")
+    alpha: float = setting(0.6, "priority exponent (prioritized samplers)")
+    beta: float = setting(0.4, "importance-weight exponent (prioritized samplers)")
+    device: str = setting("cpu", "where replay data are stored: cpu | cuda")
+
+
+@dataclass
+class EvalConfig:
+    """Deterministic evaluation, which also drives checkpoints."""
+
+    interval_frames: int = setting(2_000, "evaluate every N collected frames")
+    episodes: int = setting(10, "episodes per evaluation")
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints saved after each evaluation."""
+
+    keep_last: int = setting(2, "most recent checkpoints kept (the best is kept too)")
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go (metrics.jsonl and curve.png are always written)."""
+
+    backend: str = setting("csv", "none | csv | wandb | tensorboard")
+    project: str = setting("rl_app", "wandb project name")
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    algo: str = setting("sac", "learning algorithm: sac")
+    seed: int = setting(0, "seed of every random number generator")
+    device: str = setting("auto", "learner device: auto | cpu | cuda | cuda:N")
+    threads: int = setting(1, "torch intra-op threads (one is fastest on small machines)")
+    run_dir: str | None = setting(None, "where the run's files go (default runs/<preset>-<time>)")
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+ALGORITHMS = ("sac",)
+COLLECTOR_MODES = ("direct",)
+SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
+LOGGER_BACKENDS = ("none", "csv", "wandb", "tensorboard")
+
+
+def available_presets() -> list[str]:
+    return sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
+
+
+def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
+    """Merge defaults, a preset and ``key=value`` overrides into a validated :class:`Config`."""
+    preset_path = PRESETS_DIR / f"{preset}.yaml"
+    if not preset_path.is_file():
+        raise ConfigError(
+            f"unknown preset {preset!r}: accepted presets are {', '.join(available_presets())}"
+        )
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+    try:
+        merged = OmegaConf.merge(
+            OmegaConf.structured(Config),
+            OmegaConf.load(preset_path),
+            OmegaConf.from_dotlist(overrides or []),
+        )
+        config = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as error:
+        raise ConfigError(describe_omegaconf_error(error)) from None
+    validate(config)
+    if config.run_dir is None:
+        config.run_dir = f"runs/{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return config
+
+
+def describe_omegaconf_error(error: OmegaConfBaseException) -> str:
+    """One line naming the key, the value and what is accepted."""
+    key = getattr(error, "full_key", None) or "?"
+    message = str(error).splitlines()[0]
+    if "not in" in message or "Key" in type(error).__name__:
+        group = key.rsplit(".", 1)[0] if "." in key else None
+        accepted = ", ".join(field_names(group))
+        return f"unknown key {key!r}: accepted keys here are {accepted}"
+    return f"bad value for {key!r}: {message}"
+
+
+def field_names(group: str | None) -> list[str]:
+    """The keys accepted at the top level (``group=None``) or inside one group."""
+    schema: Any = Config
+    if group is not None:
+        for part in group.split("."):
+            match = {f.name: f for f in dataclasses.fields(schema)}.get(part)
+            if match is None or not dataclasses.is_dataclass(match.default_factory):
+                return [f.name for f in dataclasses.fields(Config)]
+            schema = match.default_factory
+    prefix = f"{group}." if group else ""
+    return [prefix + f.name for f in dataclasses.fields(schema)]
+
+
+def validate(config: Config) -> None:
+    """Check values and ranges; raise :class:`ConfigError` naming the first bad key."""
+
+    def choose(key: str, value: str, accepted: tuple[str, ...]) -> None:
+        if value not in accepted:
+            raise ConfigError(
+                f"{key}={value!r} is not accepted: choose one of {', '.join(accepted)}"
+            )
+
+    def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
+        if value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise ConfigError(f"{key}={value!r} is out of range: it must be {bound}")
+
+    choose("algo", config.algo, ALGORITHMS)
+    choose("collector.mode", config.collector.mode, COLLECTOR_MODES)
+    choose("replay.sampler", config.replay.sampler, SAMPLERS)
+    choose("logger.backend", config.logger.backend, LOGGER_BACKENDS)
+    if config.device != "auto" and config.device.split(":")[0] not in ("cpu", "cuda"):
+        raise ConfigError(
+            f"device={config.device!r} is not accepted: choose auto, cpu, cuda or cuda:N"
+        )
+    choose("replay.device", config.replay.device.split(":")[0], ("cpu", "cuda"))
+
+    for key, value in [
+        ("threads", config.threads),
+        ("collector.total_frames", config.collector.total_frames),
+        ("collector.frames_per_batch", config.collector.frames_per_batch),
+        ("collector.sync_every", config.collector.sync_every),
+        ("optim.lr", config.optim.lr),
+        ("optim.batch_size", config.optim.batch_size),
+        ("optim.utd_ratio", config.optim.utd_ratio),
+        ("optim.tau", config.optim.tau),
+        ("replay.capacity", config.replay.capacity),
+        ("replay.slice_len", config.replay.slice_len),
+        ("eval.interval_frames", config.eval.interval_frames),
+        ("eval.episodes", config.eval.episodes),
+        ("checkpoint.keep_last", config.checkpoint.keep_last),
+    ]:
+        positive(key, value)
+    for key, value in [
+        ("seed", config.seed),
+        ("collector.init_random_frames", config.collector.init_random_frames),
+        ("replay.alpha", config.replay.alpha),
+        ("replay.beta", config.replay.beta),
+    ]:
+        positive(key, value, allow_zero=True)
+    if not 0 <= config.optim.gamma <= 1:
+        raise ConfigError(
+            f"optim.gamma={config.optim.gamma!r} is out of range: it must be in [0, 1]"
+        )
+    if not config.network.hidden_sizes or min(config.network.hidden_sizes) <= 0:
+        raise ConfigError(
+            f"network.hidden_sizes={config.network.hidden_sizes!r} is out of range: "
+            "give one or more positive widths"
+        )
+    if config.collector.total_frames < config.collector.frames_per_batch:
+        raise ConfigError(
+            f"collector.total_frames={config.collector.total_frames} is out of range: "
+            f"it must be at least collector.frames_per_batch={config.collector.frames_per_batch}"
+        )
+    if config.optim.batch_size > config.replay.capacity:
+        raise ConfigError(
+            f"optim.batch_size={config.optim.batch_size} is out of range: "
+            f"it must not exceed replay.capacity={config.replay.capacity}"
+        )
+
+    if config.env.name not in gym.envs.registry:
+        raise ConfigError(
+            f"env.name={config.env.name!r} is not a registered Gymnasium environment "
+            "(see gymnasium.envs.registry for the accepted ids)"
+        )
+    env_spec = gym.spec(config.env.name)
+    if "mujoco" in str(env_spec.entry_point) and importlib.util.find_spec("mujoco") is None:
+        raise ConfigError(
+            f"env.name={config.env.name!r} needs MuJoCo, an optional extra: "
+            "install it with .venv/bin/pip install 'gymnasium[mujoco]==1.4.0'"
+        )
+    episode_len = env_spec.max_episode_steps
+    if config.replay.sampler.endswith("slice"):
+        if episode_len is not None and config.replay.slice_len > episode_len:
+            raise ConfigError(
+                f"replay.slice_len={config.replay.slice_len} is out of range: "
+                f"{config.env.name} episodes last at most {episode_len} steps"
+            )
+        if config.optim.batch_size % config.replay.slice_len:
+            raise ConfigError(
+                f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
+                f"sampler it must be a multiple of replay.slice_len={config.replay.slice_len}"
+            )
+
+
+def to_yaml(config: Config) -> str:
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def describe_settings() -> str:
+    """The text of ``train.py --help``: every group and key, with default and meaning."""
+    lines = []
+
+    def walk(schema: Any, prefix: str) -> None:
+        for item in dataclasses.fields(schema):
+            if dataclasses.is_dataclass(item.default_factory):
+                group = item.default_factory
+                lines.append(f"\n  {prefix}{item.name}: {group.__doc__.strip()}")
+                walk(group, f"{prefix}{item.name}.")
+            else:
+                default = (
+                    item.default
+                    if item.default is not dataclasses.MISSING
+                    else item.default_factory()
+                )
+                lines.append(f"    {prefix}{item.name}={default}  ({item.metadata['doc']})")
+
+    walk(Config, "")
+    return "\n".join(lines)

@@ -1,0 +1,57 @@
+"""The replay buffer: memmap storage on disk inside the run directory, and a sampler
+chosen by ``replay.sampler`` (prioritized slices of whole trajectories by default)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torchrl.data import (
+    LazyMemmapStorage,
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
+    RandomSampler,
+    SliceSampler,
+    TensorDictReplayBuffer,
+)
+from torchrl.data.replay_buffers.samplers import Sampler
+
+from rl_app.algorithms import PRIORITY_KEY
+from rl_app.config import ReplayConfig
+
+# The collector numbers every trajectory; slices are cut within one id.
+TRAJECTORY_KEY = ("collector", "traj_ids")
+
+
+def make_sampler(replay: ReplayConfig) -> Sampler:
+    """The sampler named by ``replay.sampler``."""
+    slices = {"slice_len": replay.slice_len, "traj_key": TRAJECTORY_KEY, "strict_length": True}
+    if replay.sampler == "prioritized_slice":
+        return PrioritizedSliceSampler(
+            max_capacity=replay.capacity, alpha=replay.alpha, beta=replay.beta, **slices
+        )
+    if replay.sampler == "slice":
+        return SliceSampler(**slices)
+    if replay.sampler == "prioritized":
+        return PrioritizedSampler(
+            max_capacity=replay.capacity, alpha=replay.alpha, beta=replay.beta
+        )
+    return RandomSampler()
+
+
+def make_replay_buffer(
+    replay: ReplayConfig, batch_size: int, scratch_dir: Path, seed: int
+) -> TensorDictReplayBuffer:
+    """A buffer of ``replay.capacity`` transitions memory-mapped under ``scratch_dir``.
+
+    The buffer draws from its own seeded generator, so sampling is reproducible and its
+    state travels with the buffer's checkpoint."""
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return TensorDictReplayBuffer(
+        storage=LazyMemmapStorage(replay.capacity, scratch_dir=scratch_dir, device=replay.device),
+        sampler=make_sampler(replay),
+        priority_key=PRIORITY_KEY,
+        batch_size=batch_size,
+        generator=generator,
+    )

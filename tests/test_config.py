@@ -1,0 +1,90 @@
+"""Configuration: presets and overrides resolve as documented, and every user mistake exits 2
+with one line that names the key, before anything is created."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rl_app.config import ConfigError, load_config
+from tests.conftest import PYTHON, TRAIN_PY
+
+
+def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, str(TRAIN_PY), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["optim.lrr=1e-3"], "optim.lrr"),
+        (["optim.lr=fast"], "optim.lr"),
+        (["optim.lr=-1e-3"], "optim.lr"),
+        (["replay.slice_len=500"], "replay.slice_len"),
+        (["env.name=NoSuchEnv-v9"], "env.name"),
+        (["replay.sampler=sometimes"], "replay.sampler"),
+        (["collector.total_frames=0"], "collector.total_frames"),
+        (["--config", "no_such_preset"], "no_such_preset"),
+        (["optim.lr"], "optim.lr"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_key_and_creates_nothing(
+    tmp_path: Path, args: list[str], named: str
+) -> None:
+    result = run_train(tmp_path, *args)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(tmp_path.iterdir()) == []  # no run directory, no files
+
+
+def test_unknown_key_lists_accepted_keys(tmp_path: Path) -> None:
+    result = run_train(tmp_path, "optim.lrr=1e-3")
+    assert "optim.lr" in result.stderr.replace("optim.lrr", "")
+    assert "optim.batch_size" in result.stderr
+
+
+def test_out_of_range_message_says_what_is_accepted(tmp_path: Path) -> None:
+    result = run_train(tmp_path, "replay.slice_len=500")
+    assert "500" in result.stderr and "200" in result.stderr  # Pendulum episodes: 200 steps
+
+
+def test_help_lists_every_group(tmp_path: Path) -> None:
+    result = run_train(tmp_path, "--help")
+    assert result.returncode == 0
+    for group in ["env", "network", "collector", "optim", "replay", "eval", "checkpoint", "logger"]:
+        assert f"\n  {group}:" in result.stdout
+    assert "optim.lr=0.0003" in result.stdout
+
+
+def test_print_config_resolves_preset_and_overrides(tmp_path: Path) -> None:
+    result = run_train(tmp_path, "--print-config", "optim.lr=1e-3", "collector.total_frames=5000")
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["optim"]["lr"] == 1e-3
+    assert printed["collector"]["total_frames"] == 5000
+    assert printed["env"]["name"] == "Pendulum-v1"
+    assert printed["run_dir"].startswith("runs/default-")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_preset_validates() -> None:
+    for preset in (Path(__file__).parent.parent / "configs").glob("*.yaml"):
+        if preset.stem == "sac_halfcheetah":
+            continue  # needs the optional MuJoCo extra; checked below
+        assert load_config(preset.stem).env.name
+
+
+def test_halfcheetah_preset_validates_or_names_the_missing_extra() -> None:
+    if importlib.util.find_spec("mujoco") is None:
+        with pytest.raises(ConfigError, match=r"gymnasium\[mujoco\]"):
+            load_config("sac_halfcheetah")
+    else:
+        assert load_config("sac_halfcheetah").env.name == "HalfCheetah-v5"

@@ -1,0 +1,21 @@
+"""Learning checks: the shipped presets really learn. Minutes each, so marked slow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rl_app.config import load_config
+from rl_app.loop import train
+
+
+@pytest.mark.slow
+def test_default_sac_solves_pendulum_within_20k_frames(tmp_path: Path) -> None:
+    config = load_config("default", [f"run_dir={tmp_path / 'run'}", "logger.backend=none"])
+    assert config.collector.total_frames == 20_000 and config.eval.episodes == 10
+    result = train(config)
+    assert result.frames == 20_000
+    assert result.best_eval_reward >= -200, result
+    # A random policy scores about -1200; the final policy must still be a learned one.
+    assert result.last_eval_reward >= -400, result

@@ -1,0 +1,123 @@
+"""Replay: prioritized slices are whole, contiguous pieces of one trajectory; priorities
+change what is sampled; and learning targets bootstrap through `terminated` only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.collectors import Collector
+from torchrl.envs.utils import RandomPolicy
+
+from rl_app.algorithms import PRIORITY_KEY, make_algorithm
+from rl_app.config import EnvConfig, ReplayConfig
+from rl_app.envs import make_env
+from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer
+
+SLICE_LEN = 4
+NUM_SLICES = 16
+
+
+def random_play(env_name: str, frames: int) -> TensorDict:
+    """Real transitions of a random policy, with the collector's trajectory ids."""
+    env = make_env(EnvConfig(name=env_name), seed=0)
+    collector = Collector(
+        env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
+    )
+    batch = next(iter(collector))
+    collector.shutdown()
+    return batch
+
+
+@pytest.fixture(scope="module")
+def cartpole_play() -> TensorDict:
+    # CartPole under random actions ends episodes after 10-40 steps: many short trajectories.
+    return random_play("CartPole-v1", 2_000)
+
+
+def filled_buffer(play: TensorDict, sampler: str, directory: Path):
+    replay = ReplayConfig(capacity=4_096, sampler=sampler, slice_len=SLICE_LEN, alpha=1.0)
+    buffer = make_replay_buffer(replay, SLICE_LEN * NUM_SLICES, directory, seed=0)
+    buffer.extend(play)
+    return buffer
+
+
+@pytest.mark.parametrize("sampler", ["prioritized_slice", "slice"])
+def test_slices_are_contiguous_and_never_cross_a_trajectory(
+    cartpole_play: TensorDict, sampler: str, tmp_path: Path
+) -> None:
+    buffer = filled_buffer(cartpole_play, sampler, tmp_path)
+    for _ in range(50):
+        slices = buffer.sample().reshape(NUM_SLICES, SLICE_LEN)
+        traj_ids = slices[TRAJECTORY_KEY]
+        assert (traj_ids == traj_ids[:, :1]).all(), "a slice mixes trajectories"
+        steps = slices["step_count"].squeeze(-1)
+        assert (steps.diff(dim=1) == 1).all(), "a slice skips or repeats steps"
+        # Each step's next observation is the following step's observation.
+        assert torch.equal(slices["next", "observation"][:, :-1], slices["observation"][:, 1:])
+
+
+def test_raising_a_trajectory_priority_makes_it_sampled_more(
+    cartpole_play: TensorDict, tmp_path: Path
+) -> None:
+    buffer = filled_buffer(cartpole_play, "prioritized_slice", tmp_path)
+    traj_ids = buffer[:][TRAJECTORY_KEY]
+    long_enough = [int(t) for t in traj_ids.unique() if (traj_ids == t).sum() >= SLICE_LEN]
+    favourite = long_enough[len(long_enough) // 2]
+
+    def share_of_favourite(draws: int = 200) -> float:
+        hits = sum(
+            (buffer.sample()[TRAJECTORY_KEY] == favourite).float().mean() for _ in range(draws)
+        )
+        return float(hits) / draws
+
+    before = share_of_favourite()
+    in_favourite = (traj_ids == favourite).nonzero().squeeze(-1)
+    buffer.update_priority(in_favourite, torch.full((len(in_favourite),), 100.0))
+    after = share_of_favourite()
+    # ~100 trajectories share the buffer; one of them now weighs as much as dozens of others.
+    assert before < 0.05
+    assert after > 0.3 and after > 20 * before, f"share went from {before:.3f} to {after:.3f}"
+
+
+@pytest.mark.parametrize("sampler", ["prioritized_slice", "slice", "prioritized", "uniform"])
+def test_each_sampler_trains_one_step_and_takes_priorities(
+    sampler: str, tmp_path: Path, tiny_config
+) -> None:
+    config = tiny_config(f"replay.sampler={sampler}")
+    env = make_env(config.env, config.seed)
+    algorithm = make_algorithm(config, env, torch.device("cpu"))
+    buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
+    buffer.extend(random_play(config.env.name, 600))
+    sample = buffer.sample()
+    algorithm.update(sample)
+    assert sample[PRIORITY_KEY].shape == (config.optim.batch_size,)
+    buffer.update_tensordict_priority(sample)  # raises if the sampler rejects priorities
+
+
+def test_bootstrapping_uses_terminated_not_the_slice_end_done(tmp_path: Path, tiny_config) -> None:
+    config = tiny_config()
+    env = make_env(config.env, config.seed)
+    algorithm = make_algorithm(config, env, torch.device("cpu"))
+    buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
+    buffer.extend(random_play(config.env.name, 600))
+    sample = buffer.sample()
+    # The slice sampler marks every slice end done; Pendulum never terminates.
+    assert sample["next", "done"].sum() >= config.optim.batch_size // config.replay.slice_len
+    assert not sample["next", "terminated"].any()
+
+    def td_error(batch: TensorDict) -> torch.Tensor:
+        torch.manual_seed(0)  # same actor samples for every variant
+        with torch.no_grad():
+            algorithm.loss(batch)
+        return batch[PRIORITY_KEY]
+
+    no_slice_ends = sample.clone()
+    no_slice_ends["next", "done"] = no_slice_ends["next", "terminated"].clone()
+    assert torch.allclose(td_error(sample.clone()), td_error(no_slice_ends))
+
+    terminal = sample.clone()
+    terminal["next", "terminated"] = torch.ones_like(terminal["next", "terminated"])
+    assert not torch.allclose(td_error(sample.clone()), td_error(terminal))

@@ -1,0 +1,60 @@
+"""Train an off-policy agent: ``python train.py [--config NAME] [key=value ...]``.
+
+A mistake in the command line or the configuration is reported in one line with exit
+status 2, before anything is created.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rl_app.config import (
+    DEFAULT_PRESET,
+    ConfigError,
+    available_presets,
+    describe_settings,
+    load_config,
+    to_yaml,
+)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Train SAC/DQN with TorchRL. Settings are overridden with key=value.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="settings (key=default  (meaning)):\n" + describe_settings(),
+    )
+    parser.add_argument(
+        "--config",
+        default=DEFAULT_PRESET,
+        help=f"preset from configs/ (one of: {', '.join(available_presets())})",
+    )
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. optim.lr=1e-3")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    if args.print_config:
+        print(to_yaml(config), end="")
+        return 0
+
+    from rl_app.loop import train  # heavy imports only once the config is known good
+
+    result = train(config)
+    print(f"run directory: {result.run_dir}")
+    print(f"best eval return: {result.best_eval_reward:.1f} (last: {result.last_eval_reward:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
