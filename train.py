@@ -1,12 +1,14 @@
 """Train an off-policy agent: ``python train.py [--config NAME] [key=value ...]``.
 
 A mistake in the command line or the configuration is reported in one line with exit
-status 2, before anything is created.
+status 2, before anything is created; a fault during training (exit status 1) names the
+last good checkpoint. ``run_dir=`` an existing run resumes it.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 from rl_app.config import (
@@ -48,11 +50,22 @@ def main(argv: list[str] | None = None) -> int:
         print(to_yaml(config), end="")
         return 0
 
-    from rl_app.loop import train  # heavy imports only once the config is known good
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from rl_app.loop import RunFailed, train  # heavy imports only once the config is known good
 
-    result = train(config)
+    try:
+        result = train(config)
+    except RunFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     print(f"run directory: {result.run_dir}")
     print(f"best eval return: {result.best_eval_reward:.1f} (last: {result.last_eval_reward:.1f})")
+    if result.stopped_by is not None:
+        print(
+            f"stopped by {result.stopped_by} at {result.frames} frames; "
+            f"checkpoint saved: {result.last_checkpoint}\n"
+            f"resume with: python train.py run_dir={result.run_dir}"
+        )
     return 0
 
 

@@ -1,54 +1,145 @@
-"""Checkpoints: what a run saves after each evaluation, and how it is read back.
+"""Checkpoints: what a run saves after each evaluation, how it is verified and read back.
 
 One :class:`torchrl.checkpoint.Checkpoint` binds every live object a resume needs; a
 :class:`torchrl.checkpoint.CheckpointRotation` keeps the newest ``checkpoint.keep_last``
 checkpoints plus the best one by evaluation return. Saves are staged beside the target
 and moved in with one rename, so a failed save leaves the previous checkpoint intact.
+
+Loads are verified first. TorchRL reads a truncated tensor file of its default directory
+payload back as zeros and does not check replay-storage files at all, so every component
+is saved with a SHA-256 of each of its files, inside the staged checkpoint, and
+:func:`verify_checkpoint` checks them all before anything is loaded.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from torchrl.checkpoint import (
     Checkpoint,
+    CheckpointAdapter,
+    CheckpointError,
     CheckpointLoadResult,
     CheckpointRotation,
+    DumpLoadCheckpointAdapter,
+    JSONCheckpointAdapter,
     StateDictCheckpointAdapter,
 )
 
 # The metadata key that ranks checkpoints.
 EVAL_METRIC = "eval_reward"
-
-# State dicts are written with torch.save: a truncated file then fails to load, where the
-# default per-tensor directory payload reads a truncated tensor back as zeros.
-STATE_DICT_ADAPTER = StateDictCheckpointAdapter(payload_format="torch")
+CHECKSUM_FILE = "SHA256SUMS.json"
 
 
-def make_checkpoint(components: Mapping[str, Any]) -> Checkpoint:
-    """Bind named components: objects with ``dump``/``load`` (the replay buffer) save
-    themselves; objects with ``state_dict`` go through ``torch.save``; plain values as JSON."""
-    checkpoint = Checkpoint()
-    for name, component in components.items():
-        saves_itself = callable(getattr(component, "dump", None))
-        has_state = callable(getattr(component, "state_dict", None))
-        adapter = STATE_DICT_ADAPTER if has_state and not saves_itself else None
-        checkpoint.register(name, component, adapter=adapter)
-    return checkpoint
+class CorruptCheckpoint(Exception):
+    """A checkpoint whose files do not match what was saved."""
+
+
+class ChecksummedAdapter(CheckpointAdapter):
+    """Saves a component with ``inner``, then records the SHA-256 of every file it wrote."""
+
+    def __init__(self, inner: CheckpointAdapter) -> None:
+        self.inner = inner
+        self.adapter_id = f"{inner.adapter_id}+sha256"
+        self.format_version = inner.format_version
+
+    def save(self, component: Any, path: Path, *, args: tuple, kwargs: Mapping) -> Any:
+        result = self.inner.save(component, path, args=args, kwargs=kwargs)
+        sums = {
+            file.relative_to(path).as_posix(): file_sha256(file)
+            for file in sorted(path.rglob("*"))
+            if file.is_file()
+        }
+        (path / CHECKSUM_FILE).write_text(json.dumps(sums, indent=1))
+        return result
+
+    def load(self, component: Any, path: Path, **options: Any) -> Any:
+        return self.inner.load(component, path, **options)
+
+
+def disk_size(path: Path) -> int:
+    """Bytes of all files below ``path`` (their full length, sparse or not)."""
+    return sum(file.stat().st_size for file in path.rglob("*") if file.is_file())
+
+
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def adapter_for(component: Any) -> CheckpointAdapter:
+    """Objects with ``dump``/``load`` (the replay buffer) save themselves; objects with a
+    ``state_dict`` go through ``torch.save``, whose files fail loudly when truncated;
+    plain values are stored as JSON."""
+    if callable(getattr(component, "dump", None)):
+        inner: CheckpointAdapter = DumpLoadCheckpointAdapter()
+    elif callable(getattr(component, "state_dict", None)):
+        inner = StateDictCheckpointAdapter(payload_format="torch")
+    else:
+        inner = JSONCheckpointAdapter()
+    return ChecksummedAdapter(inner)
+
+
+def verify_checkpoint(path: Path) -> None:
+    """Raise :class:`CorruptCheckpoint` unless every file of the checkpoint at ``path`` is
+    present and unchanged since it was saved. Reads only."""
+    try:
+        manifest = Checkpoint.manifest(path)
+    except (CheckpointError, OSError, ValueError) as error:
+        raise CorruptCheckpoint(f"unreadable manifest ({error})") from None
+    for name, record in manifest["components"].items():
+        component_dir = path / record["path"]
+        try:
+            expected = json.loads((component_dir / CHECKSUM_FILE).read_text())
+        except (OSError, ValueError):
+            raise CorruptCheckpoint(f"component {name!r} has no readable checksums") from None
+        listed = set(record["files"]) - {CHECKSUM_FILE}
+        if listed != set(expected):
+            raise CorruptCheckpoint(f"component {name!r} lists other files than it saved")
+        for relative, digest in expected.items():
+            file = component_dir / relative
+            if not file.is_file():
+                raise CorruptCheckpoint(f"{name}: file {relative} is missing")
+            if file_sha256(file) != digest:
+                raise CorruptCheckpoint(f"{name}: file {relative} is damaged (checksum mismatch)")
 
 
 class RunCheckpoints:
-    """The checkpoints of one run: save after an evaluation, find the latest and the best."""
+    """The checkpoints of one run: save after an evaluation; pick and restore one."""
 
-    def __init__(self, directory: Path, keep_last: int, components: Mapping[str, Any]) -> None:
-        self.checkpoint = make_checkpoint(components)
+    def __init__(
+        self, directory: Path, keep_last: int, components: Mapping[str, Any], replay_dir: Path
+    ) -> None:
+        self.replay_dir = replay_dir
+        self.checkpoint = Checkpoint()
+        for name, component in components.items():
+            self.checkpoint.register(name, component, adapter=adapter_for(component))
         self.rotation = CheckpointRotation(
             directory, keep_last=keep_last, keep_best=(EVAL_METRIC, "max")
         )
 
     def save(self, frames: int, eval_reward: float) -> Path:
+        """Save, rotate, and return the new checkpoint's path.
+
+        Raises ``OSError(ENOSPC)`` before writing anything when the disk lacks room: the
+        replay buffer is written through memory maps, and a memory-mapped write to a full
+        disk kills the process (SIGBUS) instead of raising."""
+        self.rotation.directory.mkdir(parents=True, exist_ok=True)
+        latest = self.latest()
+        needed = disk_size(latest) if latest is not None else disk_size(self.replay_dir)
+        free = shutil.disk_usage(self.rotation.directory).free
+        if needed * 1.1 > free:
+            raise OSError(
+                errno.ENOSPC,
+                f"No space left on device: a checkpoint needs about {needed / 1e6:.1f} MB "
+                f"and {free / 1e6:.1f} MB are free in {self.rotation.directory}",
+            )
         return self.rotation.save(self.checkpoint, step=frames, metadata={EVAL_METRIC: eval_reward})
 
     def latest(self) -> Path | None:
@@ -58,5 +149,26 @@ class RunCheckpoints:
         return self.rotation.best()
 
     def load(self, path: Path) -> CheckpointLoadResult:
-        """Restore every bound component from ``path``."""
+        """Restore every bound component from ``path`` (verify it first)."""
         return self.checkpoint.load(path)
+
+
+def checkpoint_candidates(directory: Path) -> list[Path]:
+    """Saved checkpoints, newest first (by the frame count in their names)."""
+    return sorted(directory.glob("checkpoint-*"), key=lambda path: path.name, reverse=True)
+
+
+def choose_checkpoint(directory: Path) -> tuple[Path, list[str]]:
+    """The newest checkpoint that verifies, and why each newer one was passed over.
+
+    Raises :class:`CorruptCheckpoint` when none verifies. Reads only."""
+    passed_over = []
+    for path in checkpoint_candidates(directory):
+        try:
+            verify_checkpoint(path)
+        except CorruptCheckpoint as why:
+            passed_over.append(f"{path.name}: {why}")
+            continue
+        return path, passed_over
+    detail = "; ".join(passed_over) or "none found"
+    raise CorruptCheckpoint(f"no usable checkpoint in {directory} ({detail})")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from tensordict.nn import TensorDictModuleBase
@@ -59,6 +60,45 @@ def make_collector(
         policy_device=devices.policy,
         storing_device=devices.storage,
     )
+
+
+class CollectorState:
+    """The collector's part of a checkpoint.
+
+    TorchRL's collector state holds its frame counter and trajectory-id pool; on load it
+    starts a new episode under a new trajectory id. The collector resets an env as soon as
+    an episode ends, so a run saved at an episode boundary has already drawn the next
+    episode's start. To resume exactly, that reset is replayed from the random state it
+    started from (recorded by :class:`rl_app.envs.ReplayableReset`) and the episode keeps
+    the trajectory id it had. Mid-episode the env's physics cannot be saved: the resumed
+    run then starts a new episode, as TorchRL does."""
+
+    def __init__(self, collector: BaseCollector) -> None:
+        self.collector = collector
+
+    def _gym_env(self) -> Any:
+        # TorchRL's GymWrapper keeps the Gymnasium env in `_env`; there is no public handle.
+        return self.collector.env.base_env._env
+
+    def state_dict(self) -> dict[str, Any]:
+        gym_env = self._gym_env()
+        return {
+            "collector": self.collector.state_dict(),
+            "at_episode_start": gym_env.steps_since_reset == 0,
+            "random_state_before_reset": gym_env.random_state_before_reset,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        collector_state = state["collector"]
+        if state["at_episode_start"]:
+            gym_env = self._gym_env()
+            gym_env.unwrapped.np_random.bit_generator.state = state["random_state_before_reset"]
+            self.collector.reset()
+            # Loading hands the current episode the pool's next id: step back one, so that
+            # the replayed episode gets the id it had.
+            pool = collector_state["traj_pool"]
+            collector_state = {**collector_state, "traj_pool": {"traj_id": pool["traj_id"] - 1}}
+        self.collector.load_state_dict(collector_state)
 
 
 def sync_weights(collector: BaseCollector) -> None:

@@ -22,6 +22,20 @@ from omegaconf.errors import OmegaConfBaseException
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "configs"
 DEFAULT_PRESET = "default"
+# Inside a run directory:
+CONFIG_FILE = "config.yaml"
+CHECKPOINTS_DIR = "checkpoints"
+# Keys a resumed run may change: budgets, evaluation cadence, bookkeeping, logging.
+CHANGEABLE_ON_RESUME = (
+    "run_dir",
+    "threads",
+    "collector.total_frames",
+    "eval.interval_frames",
+    "eval.episodes",
+    "checkpoint.keep_last",
+    "logger.backend",
+    "logger.project",
+)
 
 
 class ConfigError(ValueError):
@@ -136,28 +150,83 @@ def available_presets() -> list[str]:
 
 
 def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
-    """Merge defaults, a preset and ``key=value`` overrides into a validated :class:`Config`."""
-    preset_path = PRESETS_DIR / f"{preset}.yaml"
-    if not preset_path.is_file():
-        raise ConfigError(
-            f"unknown preset {preset!r}: accepted presets are {', '.join(available_presets())}"
-        )
-    for item in overrides or []:
+    """Merge defaults, a preset and ``key=value`` overrides into a validated :class:`Config`.
+
+    When ``run_dir`` names a run that holds a checkpoint, the config saved in that run
+    replaces the preset (the run resumes), and only keys in ``CHANGEABLE_ON_RESUME`` may
+    be overridden."""
+    overrides = overrides or []
+    for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
     try:
-        merged = OmegaConf.merge(
-            OmegaConf.structured(Config),
-            OmegaConf.load(preset_path),
-            OmegaConf.from_dotlist(overrides or []),
-        )
-        config = OmegaConf.to_object(merged)
+        given = OmegaConf.from_dotlist(overrides)
+        run_dir = given.get("run_dir")
+        if run_dir is not None and holds_checkpoint(Path(run_dir)):
+            saved = OmegaConf.load(Path(run_dir) / CONFIG_FILE)
+            config = OmegaConf.to_object(
+                OmegaConf.merge(OmegaConf.structured(Config), saved, given)
+            )
+            refuse_experiment_changes(OmegaConf.to_object(OmegaConf.merge(Config, saved)), config)
+        else:
+            preset_path = PRESETS_DIR / f"{preset}.yaml"
+            if not preset_path.is_file():
+                raise ConfigError(
+                    f"unknown preset {preset!r}: accepted presets are "
+                    + ", ".join(available_presets())
+                )
+            layers = [OmegaConf.structured(Config), OmegaConf.load(preset_path), given]
+            config = OmegaConf.to_object(OmegaConf.merge(*layers))
     except OmegaConfBaseException as error:
         raise ConfigError(describe_omegaconf_error(error)) from None
     validate(config)
     if config.run_dir is None:
         config.run_dir = f"runs/{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_run_dir(Path(config.run_dir))
     return config
+
+
+def holds_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run with at least one checkpoint (it will resume)."""
+    return (run_dir / CONFIG_FILE).is_file() and any(
+        (run_dir / CHECKPOINTS_DIR).glob("checkpoint-*")
+    )
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """A run directory is new, empty, or a run (resumed, or restarted if it never saved)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run_dir={str(run_dir)!r} is a file: give a directory")
+    if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / CONFIG_FILE).exists():
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} holds other files and is not a run directory: "
+            "give a new or empty directory, or an earlier run's directory to resume it"
+        )
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def refuse_experiment_changes(saved: Config, resumed: Config) -> None:
+    """Raise :class:`ConfigError` if a resume would change the experiment itself."""
+    before = flatten(dataclasses.asdict(saved))
+    after = flatten(dataclasses.asdict(resumed))
+    changed = [
+        key for key in after if after[key] != before[key] and key not in CHANGEABLE_ON_RESUME
+    ]
+    if changed:
+        key = changed[0]
+        raise ConfigError(
+            f"{key}={after[key]!r} cannot change when resuming (the run was started with "
+            f"{before[key]!r}); keys that may change on resume: {', '.join(CHANGEABLE_ON_RESUME)}"
+        )
 
 
 def describe_omegaconf_error(error: OmegaConfBaseException) -> str:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import Any
 
+import gymnasium as gym
 import torch
 from torchrl.envs import (
     Compose,
     DoubleToFloat,
     EnvBase,
-    GymEnv,
+    GymWrapper,
     InitTracker,
     RewardSum,
     StepCounter,
@@ -24,10 +26,24 @@ from rl_app.config import EnvConfig
 EVAL_SEED_OFFSET = 1_000_003
 
 
+class ReplayableReset(gym.Wrapper):
+    """Remembers the random state each episode started from, and whether the episode has
+    taken a step yet: a checkpoint taken at an episode start can then replay its reset."""
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.random_state_before_reset = self.unwrapped.np_random.bit_generator.state
+        self.steps_since_reset = 0
+        return super().reset(**kwargs)
+
+    def step(self, action: Any) -> Any:
+        self.steps_since_reset += 1
+        return super().step(action)
+
+
 def make_env(env: EnvConfig, seed: int, device: str | torch.device = "cpu") -> EnvBase:
     """One seeded environment: float observations, a step counter, the episode return
     (``episode_reward``) and ``is_init`` flags at episode starts."""
-    base = GymEnv(env.name, device=device)
+    base = GymWrapper(ReplayableReset(gym.make(env.name)), device=device)
     transformed = TransformedEnv(
         base, Compose(DoubleToFloat(), StepCounter(), RewardSum(), InitTracker())
     )

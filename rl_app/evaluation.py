@@ -6,33 +6,31 @@ from collections.abc import Callable
 
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Evaluator
-from torchrl.envs import EnvBase
 
-from rl_app.config import EvalConfig
+from rl_app.config import Config
+from rl_app.envs import EVAL_SEED_OFFSET, env_factory
 
 
-def make_evaluator(
-    eval_config: EvalConfig,
-    eval_env_factory: Callable[[], EnvBase],
+def evaluate(
+    config: Config,
     policy_factory: Callable[..., TensorDictModuleBase],
-) -> Evaluator:
-    """An Evaluator that plays ``eval.episodes`` whole episodes with the policy's
-    deterministic action (the mode of its distribution).
+    policy: TensorDictModuleBase,
+) -> float:
+    """Mean return of ``eval.episodes`` episodes played with ``policy``'s current weights and
+    its deterministic action (the mode of its distribution).
 
-    It builds its own env and its own copy of the policy, so that evaluation never
-    touches the learner's modules; each call hands it the current weights."""
-    return Evaluator(
-        eval_env_factory,
+    The Evaluator builds its own env and its own policy copy, so evaluation never touches
+    the learner's modules or random state. A fresh one each time replays the same seeded
+    episode starts, so that scores compare across evaluations and across resumes."""
+    evaluator = Evaluator(
+        env_factory(config.env, config.seed + EVAL_SEED_OFFSET),
         policy_factory=policy_factory,
-        num_trajectories=eval_config.episodes,
-        # The env's StepCounter and TimeLimit already end episodes.
-        max_steps=None,
+        num_trajectories=config.eval.episodes,
+        max_steps=None,  # the env's StepCounter and time limit end episodes
         collector_kwargs={"traj_format": "cat"},
         backend="thread",
     )
-
-
-def evaluate(evaluator: Evaluator, policy: TensorDictModuleBase, frames: int) -> float:
-    """Mean return over the evaluation episodes, with ``policy``'s current weights."""
-    result = evaluator.evaluate(policy, step=frames)
-    return float(result["eval/reward"])
+    try:
+        return float(evaluator.evaluate(policy)["eval/reward"])
+    finally:
+        evaluator.shutdown()

@@ -20,12 +20,17 @@ from rl_app.config import LoggerConfig
 
 METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.png"
+LOGS_DIR = "logs"
+EVAL_KEY = "eval/return"
 
 
-def make_backend_logger(logger: LoggerConfig, run_dir: Path, run_name: str) -> Logger | None:
+def make_backend_logger(
+    logger: LoggerConfig, run_dir: Path, saved_state: Mapping[str, Any] | None = None
+) -> Logger | None:
     """The TorchRL logger named by ``logger.backend`` (``none`` gives no logger).
 
-    wandb runs offline unless an API key is configured, so no account is ever needed."""
+    ``saved_state`` (a logger's ``state_dict``) continues the same run, e.g. the same wandb
+    run id. wandb runs offline unless an API key is configured, so no account is needed."""
     if logger.backend == "none":
         return None
     options: dict[str, Any] = {}
@@ -36,19 +41,34 @@ def make_backend_logger(logger: LoggerConfig, run_dir: Path, run_name: str) -> L
             wandb_kwargs["mode"] = "offline"
         options = {"wandb_kwargs": wandb_kwargs}
     return get_logger(
-        logger.backend, logger_name=str(run_dir / "logs"), experiment_name=run_name, **options
+        logger.backend,
+        logger_name=str(run_dir / LOGS_DIR),
+        experiment_name=run_dir.name,
+        state_dict=saved_state,
+        **options,
     )
 
 
 class RunLogger:
     """Writes each iteration's metrics everywhere they go, and redraws the curve after
-    each evaluation."""
+    each evaluation. Checkpointed: a resumed run continues the same logger run."""
 
     def __init__(self, logger: LoggerConfig, run_dir: Path, total_frames: int) -> None:
+        self.config = logger
         self.run_dir = run_dir
-        self.backend = make_backend_logger(logger, run_dir, run_dir.name)
         self.eval_curve: list[tuple[int, float]] = []
         self.progress = tqdm(total=total_frames, unit="frame", unit_scale=True, dynamic_ncols=True)
+        # Created at the first log call, so that a resume can hand it the saved run first.
+        self._backend: Logger | None = None
+        self._saved_backend_state: Mapping[str, Any] | None = None
+
+    @property
+    def backend(self) -> Logger | None:
+        if self._backend is None and self.config.backend != "none":
+            self._backend = make_backend_logger(
+                self.config, self.run_dir, self._saved_backend_state
+            )
+        return self._backend
 
     def log(self, frames: int, metrics: Mapping[str, float]) -> None:
         """Record one iteration, ``frames`` being the frames collected so far."""
@@ -58,17 +78,49 @@ class RunLogger:
         if self.backend is not None:
             for name, value in metrics.items():
                 self.backend.log_scalar(name, value, step=frames)
+        if EVAL_KEY in metrics:
+            self.eval_curve.append((frames, metrics[EVAL_KEY]))
+            self.progress.set_postfix(eval_return=f"{metrics[EVAL_KEY]:.1f}")
+            plot_curve(self.eval_curve, self.run_dir / CURVE_FILE)
         self.progress.update(frames - self.progress.n)
 
-    def log_eval(self, frames: int, eval_reward: float) -> None:
-        self.eval_curve.append((frames, eval_reward))
-        self.progress.set_postfix(eval_return=f"{eval_reward:.1f}")
-        plot_curve(self.eval_curve, self.run_dir / CURVE_FILE)
+    def state_dict(self) -> dict[str, Any]:
+        backend = self.backend
+        return {
+            "backend": self.config.backend,
+            "backend_state": backend.state_dict() if backend is not None else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        # A backend changed on resume starts its own run; the same backend continues.
+        if state["backend"] == self.config.backend:
+            self._saved_backend_state = state["backend_state"]
+
+    def rewind(self, frames: int) -> None:
+        """Continue after ``frames``: drop rows logged after the checkpoint a run resumes
+        from (they will be logged again), so no step is missing or repeated."""
+        rows = read_metrics(self.run_dir)
+        kept = [row for row in rows if row["frames"] <= frames]
+        (self.run_dir / METRICS_FILE).write_text("".join(json.dumps(row) + "\n" for row in kept))
+        for scalars in (self.run_dir / LOGS_DIR).glob("*/scalars/**/*.csv"):
+            lines = scalars.read_text().splitlines(keepends=True)
+            scalars.write_text("".join(ln for ln in lines if int(ln.split(",")[0]) <= frames))
+        self.eval_curve = [(row["frames"], row[EVAL_KEY]) for row in kept if EVAL_KEY in row]
+        if self.eval_curve:
+            self.progress.set_postfix(eval_return=f"{self.eval_curve[-1][1]:.1f}")
+        self.progress.update(frames - self.progress.n)
 
     def close(self) -> None:
         self.progress.close()
-        if self.backend is not None and hasattr(self.backend, "close"):
-            self.backend.close()
+        if self._backend is not None and hasattr(self._backend, "close"):
+            self._backend.close()
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / METRICS_FILE
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def plot_curve(points: list[tuple[int, float]], path: Path) -> None:

@@ -1,15 +1,22 @@
-"""The training loop: ``train(config)`` builds a run from its factories, then tells the
-story of one iteration, again and again:
+"""The training loop: ``train(config)`` builds a run from its factories (or resumes one
+from its newest good checkpoint), then tells the story of one iteration, again and again:
 
     collect -> extend -> sample -> update -> priorities -> weight sync
-            -> evaluate -> checkpoint -> log
+            -> evaluate -> log -> checkpoint
+
+Metrics are logged before the checkpoint that covers them: a run resumed from that
+checkpoint then neither repeats nor misses a row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 import random
+import shutil
 import time
+import traceback
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,19 +25,33 @@ from typing import Any
 import numpy as np
 import torch
 from torchrl.checkpoint import GlobalRNGState
-from torchrl.collectors import BaseCollector, Evaluator
+from torchrl.collectors import BaseCollector
 from torchrl.data import TensorDictReplayBuffer
 
 from rl_app.algorithms import Algorithm, make_algorithm
-from rl_app.checkpointing import RunCheckpoints
-from rl_app.collection import Devices, decide_devices, make_collector, sync_weights
-from rl_app.config import Config, to_yaml
-from rl_app.envs import EVAL_SEED_OFFSET, env_factory, make_env
-from rl_app.evaluation import evaluate, make_evaluator
-from rl_app.logger import RunLogger
+from rl_app.checkpointing import CorruptCheckpoint, RunCheckpoints, choose_checkpoint
+from rl_app.collection import (
+    CollectorState,
+    Devices,
+    decide_devices,
+    make_collector,
+    sync_weights,
+)
+from rl_app.config import CHECKPOINTS_DIR, CONFIG_FILE, Config, holds_checkpoint, to_yaml
+from rl_app.envs import env_factory, make_env
+from rl_app.evaluation import evaluate
+from rl_app.interrupts import StopRequest
+from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, RunLogger
 from rl_app.replay import make_replay_buffer
 
-CONFIG_FILE = "config.yaml"
+log = logging.getLogger("rl_app")
+
+REPLAY_DIR = "replay"
+ERROR_LOG = "error.log"
+
+
+class RunFailed(Exception):
+    """A run stopped by a fault; the message says what, where, and which checkpoint is safe."""
 
 
 @dataclass
@@ -41,6 +62,7 @@ class Progress:
     iterations: int = 0
     updates: int = 0
     episodes: int = 0
+    last_eval_frames: int = 0
     best_eval_reward: float = float("-inf")
     last_eval_reward: float = float("nan")
 
@@ -60,27 +82,24 @@ class TrainResult:
     best_eval_reward: float
     last_eval_reward: float
     best_checkpoint: Path | None
+    last_checkpoint: Path | None
+    stopped_by: str | None  # the signal that stopped the run early, if any
     seconds_per_phase: dict[str, float]
 
 
 class PhaseTimer:
-    """Wall time spent in each phase of the loop: ``lap(name)`` charges the time since
-    the previous lap to ``name``."""
+    """Wall time per phase of the loop. ``enter(name)`` starts a phase and ends the one
+    before; ``current`` names the phase in progress (for error messages)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self._last = time.perf_counter()
+        self.current = "starting"
+        self._since = time.perf_counter()
 
-    def lap(self, phase: str) -> None:
+    def enter(self, phase: str) -> None:
         now = time.perf_counter()
-        self.seconds[phase] += now - self._last
-        self._last = now
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
+        self.seconds[self.current] += now - self._since
+        self.current, self._since = phase, now
 
 
 @dataclass
@@ -93,122 +112,179 @@ class Run:
     algorithm: Algorithm
     buffer: TensorDictReplayBuffer
     collector: BaseCollector
-    evaluator: Evaluator
     progress: Progress
     checkpoints: RunCheckpoints
     logger: RunLogger
+    phases: PhaseTimer
 
     def close(self) -> None:
         self.collector.shutdown()
-        self.evaluator.shutdown()
         self.logger.close()
 
 
-def build_run(config: Config) -> Run:
-    """Create the run directory and every part of the run, each from its factory."""
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def prepare_run_dir(run_dir: Path, resuming: bool) -> None:
+    """Make sure the run directory is writable, and clear what must not be reused: the
+    replay scratch files always (a checkpoint holds the buffer), and on a fresh start the
+    metrics and logs of an earlier attempt that never saved a checkpoint."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".writable"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise RunFailed(f"run_dir {run_dir} is not writable: {error.strerror}") from None
+    stale = [run_dir / REPLAY_DIR]
+    if not resuming:
+        stale += [run_dir / name for name in (METRICS_FILE, CURVE_FILE, LOGS_DIR, CHECKPOINTS_DIR)]
+    for path in stale:
+        if path.is_dir():  # empty it but keep it: it may be a mount point of its own
+            for child in path.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        elif path.exists():
+            path.unlink()
+
+
+def build_run(config: Config, resuming: bool = False) -> Run:
+    """Create every part of the run, each from its factory, in a prepared run directory."""
+    run_dir = Path(config.run_dir)
+    prepare_run_dir(run_dir, resuming)
+    (run_dir / CONFIG_FILE).write_text(to_yaml(config))
     torch.set_num_threads(config.threads)
     seed_everything(config.seed)
-    run_dir = Path(config.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(to_yaml(config))
 
     devices = decide_devices(config)
     spec_env = make_env(config.env, config.seed)
     algorithm = make_algorithm(config, spec_env, devices.learner)
     spec_env.close()
     buffer = make_replay_buffer(
-        config.replay, config.optim.batch_size, run_dir / "replay", config.seed
+        config.replay, config.optim.batch_size, run_dir / REPLAY_DIR, config.seed
     )
     collector = make_collector(
         config, env_factory(config.env, config.seed), algorithm.policy, devices
     )
-    evaluator = make_evaluator(
-        config.eval,
-        env_factory(config.env, config.seed + EVAL_SEED_OFFSET),
-        algorithm.policy_factory(),
-    )
     progress = Progress()
+    logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
     checkpoints = RunCheckpoints(
-        run_dir / "checkpoints",
+        run_dir / CHECKPOINTS_DIR,
         config.checkpoint.keep_last,
         {
             **algorithm.checkpoint_components(),
             "replay_buffer": buffer,
+            "collector": CollectorState(collector),
             "rng": GlobalRNGState(),
             "progress": progress,
+            "logger": logger,
             "config": dataclasses.asdict(config),
         },
+        replay_dir=run_dir / REPLAY_DIR,
     )
-    logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
     return Run(
-        config,
-        run_dir,
-        devices,
-        algorithm,
-        buffer,
-        collector,
-        evaluator,
-        progress,
-        checkpoints,
-        logger,
-    )
+        config, run_dir, devices, algorithm, buffer, collector, progress, checkpoints, logger,
+        PhaseTimer(),
+    )  # fmt: skip
 
 
 def train(config: Config) -> TrainResult:
-    """Train one run as ``config`` describes; its files land in ``config.run_dir``."""
-    run = build_run(config)
+    """Train the run ``config`` describes, resuming it if its directory holds a checkpoint."""
+    run_dir = Path(config.run_dir)
+    resume_from = find_resume_point(run_dir) if holds_checkpoint(run_dir) else None
+    run = build_run(config, resuming=resume_from is not None)
     try:
+        if resume_from is not None:
+            run.checkpoints.load(resume_from)
+            run.logger.rewind(run.progress.frames)
+            log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
         return run_iterations(run)
+    except RunFailed:
+        raise
+    except Exception as error:
+        raise RunFailed(describe_failure(run, error)) from error
     finally:
         run.close()
 
 
+def find_resume_point(run_dir: Path) -> Path:
+    """The newest checkpoint that verifies. Damaged newer ones are set aside as
+    ``corrupt-*`` with the reason logged; if none verifies, nothing is touched."""
+    try:
+        chosen, passed_over = choose_checkpoint(run_dir / CHECKPOINTS_DIR)
+    except CorruptCheckpoint as error:
+        raise RunFailed(f"cannot resume: {error}") from None
+    for reason in passed_over:
+        name = reason.split(":")[0]
+        log.warning("checkpoint %s is unusable, falling back to %s", reason, chosen.name)
+        (run_dir / CHECKPOINTS_DIR / name).rename(run_dir / CHECKPOINTS_DIR / f"corrupt-{name}")
+    return chosen
+
+
+def describe_failure(run: Run, error: Exception) -> str:
+    """One paragraph for the user; the traceback goes to ``error.log`` in the run directory."""
+    (run.run_dir / ERROR_LOG).write_text(traceback.format_exc())
+    return (
+        f"training stopped while {run.phases.current} at iteration {run.progress.iterations + 1} "
+        f"({run.progress.frames} frames): {type(error).__name__}: {error}\n"
+        f"last good checkpoint: {run.checkpoints.latest()}; traceback in {run.run_dir / ERROR_LOG}"
+    )
+
+
 def run_iterations(run: Run) -> TrainResult:
     """The training loop itself, one iteration per collected batch."""
-    config, progress, algorithm, buffer = run.config, run.progress, run.algorithm, run.buffer
+    config, progress, algorithm, buffer, phases = (
+        run.config, run.progress, run.algorithm, run.buffer, run.phases,
+    )  # fmt: skip
     updates_per_iteration = max(
         1, round(config.collector.frames_per_batch * config.optim.utd_ratio)
     )
-    next_eval_at = config.eval.interval_frames
-    phases = PhaseTimer()
-    for batch in run.collector:
-        phases.lap("collect")
-        progress.frames += batch.numel()
-        progress.iterations += 1
-        algorithm.after_collect(progress.frames)
-        buffer.extend(batch.reshape(-1))
-        phases.lap("extend")
+    with StopRequest().installed() as stop:
+        phases.enter("collecting")
+        for batch in run.collector:
+            progress.frames += batch.numel()
+            progress.iterations += 1
+            algorithm.after_collect(progress.frames)
+            phases.enter("extending the buffer")
+            buffer.extend(batch.reshape(-1))
 
-        update_metrics = []
-        if progress.frames >= config.collector.init_random_frames:
-            for _ in range(updates_per_iteration):
-                sample = buffer.sample().to(run.devices.learner)
-                phases.lap("sample")
-                update_metrics.append(algorithm.update(sample))
-                phases.lap("update")
-                buffer.update_tensordict_priority(sample)
-                phases.lap("priority")
-            progress.updates += updates_per_iteration
+            update_metrics = []
+            if progress.frames >= config.collector.init_random_frames:
+                for _ in range(updates_per_iteration):
+                    phases.enter("sampling")
+                    sample = buffer.sample().to(run.devices.learner)
+                    phases.enter("updating")
+                    update_metrics.append(algorithm.update(sample))
+                    phases.enter("writing priorities")
+                    buffer.update_tensordict_priority(sample)
+                progress.updates += updates_per_iteration
+            metrics = iteration_metrics(batch, update_metrics, progress)
+            refuse_non_finite(metrics, run)
 
-        if progress.iterations % config.collector.sync_every == 0:
-            sync_weights(run.collector)
-            phases.lap("sync")
+            if progress.iterations % config.collector.sync_every == 0:
+                phases.enter("syncing weights")
+                sync_weights(run.collector)
 
-        metrics = iteration_metrics(batch, update_metrics, progress)
-        finished = progress.frames >= config.collector.total_frames
-        if progress.frames >= next_eval_at or finished:
-            next_eval_at += config.eval.interval_frames
-            eval_reward = evaluate(run.evaluator, algorithm.policy, progress.frames)
-            progress.last_eval_reward = eval_reward
-            progress.best_eval_reward = max(progress.best_eval_reward, eval_reward)
-            metrics["eval/return"] = eval_reward
-            phases.lap("eval")
-            run.checkpoints.save(progress.frames, eval_reward)
-            phases.lap("checkpoint")
-            run.logger.log_eval(progress.frames, eval_reward)
-
-        run.logger.log(progress.frames, metrics)
-        phases.lap("log")
+            finished = progress.frames >= config.collector.total_frames
+            eval_due = progress.frames - progress.last_eval_frames >= config.eval.interval_frames
+            if eval_due or finished or stop.requested:
+                phases.enter("evaluating")
+                eval_reward = evaluate(config, algorithm.policy_factory(), algorithm.policy)
+                progress.last_eval_frames = progress.frames
+                progress.last_eval_reward = eval_reward
+                progress.best_eval_reward = max(progress.best_eval_reward, eval_reward)
+                metrics["eval/return"] = eval_reward
+            phases.enter("logging")
+            run.logger.log(progress.frames, metrics)
+            if "eval/return" in metrics:
+                phases.enter("saving a checkpoint")
+                save_checkpoint(run, metrics["eval/return"])
+            if stop.requested:
+                break
+            phases.enter("collecting")
+    phases.enter("done")
 
     return TrainResult(
         run_dir=run.run_dir,
@@ -217,18 +293,39 @@ def run_iterations(run: Run) -> TrainResult:
         best_eval_reward=progress.best_eval_reward,
         last_eval_reward=progress.last_eval_reward,
         best_checkpoint=run.checkpoints.best(),
+        last_checkpoint=run.checkpoints.latest(),
+        stopped_by=stop.reason,
         seconds_per_phase=dict(phases.seconds),
     )
+
+
+def save_checkpoint(run: Run, eval_reward: float) -> None:
+    try:
+        run.checkpoints.save(run.progress.frames, eval_reward)
+    except OSError as error:
+        raise RunFailed(
+            f"could not save the checkpoint at {run.progress.frames} frames "
+            f"({error.strerror}); the last good checkpoint is intact: "
+            f"{run.checkpoints.latest()}"
+        ) from None
+
+
+def refuse_non_finite(metrics: dict[str, float], run: Run) -> None:
+    """Stop before a diverged model can be evaluated or saved."""
+    for name, value in metrics.items():
+        if not math.isfinite(value):
+            raise RunFailed(
+                f"{name} became {value} at iteration {run.progress.iterations} "
+                f"({run.progress.frames} frames); nothing was saved from this iteration; "
+                f"the last good checkpoint is {run.checkpoints.latest()}"
+            )
 
 
 def iteration_metrics(
     batch: Any, update_metrics: list[Any], progress: Progress
 ) -> dict[str, float]:
     """Scalars of one iteration: mean update losses, finished training episodes, counters."""
-    metrics: dict[str, float] = {
-        "iteration": progress.iterations,
-        "updates": progress.updates,
-    }
+    metrics: dict[str, float] = {"iteration": progress.iterations, "updates": progress.updates}
     if update_metrics:
         means = torch.stack(update_metrics).float().mean(dim=0)
         metrics.update({f"train/{name}": value.item() for name, value in means.items()})

@@ -1,0 +1,36 @@
+"""Stopping cleanly: a signal only sets a flag; the loop saves and stops at the next
+iteration boundary, never in the middle of an update."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+class StopRequest:
+    """Records a stop asked for by SIGINT (Ctrl-C) or SIGTERM. A second Ctrl-C stops at once."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
+    @contextmanager
+    def installed(self) -> Iterator[StopRequest]:
+        previous = {
+            signum: signal.signal(signum, self._handle)
+            for signum in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield self
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.reason = signal.Signals(signum).name

@@ -1,0 +1,339 @@
+"""Resume and fault tolerance on real processes and real files: a run that is killed,
+stopped or fed damaged state loses nothing and continues where it stopped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rl_app.checkpointing import CorruptCheckpoint, choose_checkpoint
+from rl_app.config import ConfigError, load_config
+from rl_app.logger import read_metrics
+from rl_app.loop import RunFailed, build_run, run_iterations, train
+from tests import faulty_envs
+from tests.conftest import PYTHON, TINY_RUN, TRAIN_PY
+
+
+def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *TINY_RUN, f"run_dir={run_dir}", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_checkpoints(run_dir: Path, count: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while len(list((run_dir / "checkpoints").glob("checkpoint-*"))) < count:
+        assert time.monotonic() < deadline, "no checkpoint appeared in time"
+        time.sleep(0.2)
+
+
+def final_state(run) -> dict[str, torch.Tensor]:
+    state = {}
+    for name, component in run.algorithm.checkpoint_components().items():
+        for key, value in component.state_dict().items():
+            if isinstance(value, torch.Tensor):
+                state[f"{name}.{key}"] = value.clone()
+    return state
+
+
+def train_in_process(config) -> tuple[dict, TensorDict, list[dict]]:
+    run = build_run(config)
+    try:
+        run_iterations(run)
+        return final_state(run), run.buffer[:].clone(), read_metrics(run.run_dir)
+    finally:
+        run.close()
+
+
+def assert_frames_continuous(rows: list[dict], step: int, last: int) -> None:
+    assert [row["frames"] for row in rows] == list(range(step, last + 1, step))
+
+
+# -- determinism and exact resume --------------------------------------------------------
+
+
+def test_same_seed_gives_identical_parameters_and_metrics(tiny_config, tmp_path: Path) -> None:
+    first = train_in_process(tiny_config(run_dir=tmp_path / "a"))
+    second = train_in_process(tiny_config(run_dir=tmp_path / "b"))
+    assert first[0].keys() == second[0].keys()
+    for key in first[0]:
+        assert torch.equal(first[0][key], second[0][key]), key
+    assert (first[1] == second[1]).all()
+    assert first[2] == second[2]
+
+
+def test_resume_at_an_episode_boundary_matches_the_uninterrupted_run(
+    tiny_config, tmp_path: Path
+) -> None:
+    # Pendulum episodes last 200 steps and batches hold 200 frames: the stop at 800 frames
+    # falls on an episode boundary.
+    alone = train_in_process(tiny_config("collector.total_frames=1600", run_dir=tmp_path / "a"))
+
+    interrupted = tmp_path / "b"
+    train(tiny_config("collector.total_frames=800", run_dir=interrupted))
+    resumed = load_config("default", [f"run_dir={interrupted}", "collector.total_frames=1600"])
+    assert resumed.network.hidden_sizes == [32, 32]  # the saved config, not the preset
+    run = build_run(resumed, resuming=True)
+    try:
+        run.checkpoints.load(choose_checkpoint(interrupted / "checkpoints")[0])
+        run.logger.rewind(run.progress.frames)
+        run_iterations(run)
+        params, buffer, metrics = final_state(run), run.buffer[:].clone(), read_metrics(interrupted)
+    finally:
+        run.close()
+
+    for key in alone[0]:
+        assert torch.equal(alone[0][key], params[key]), key
+    assert (alone[1] == buffer).all()
+    assert alone[2] == metrics
+
+
+# -- kill -9, SIGTERM --------------------------------------------------------------------
+
+
+def test_kill_9_then_resume_continues_counters_buffer_and_metrics(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "collector.total_frames=4000")
+    wait_for_checkpoints(run_dir, 2)
+    time.sleep(1.0)  # let it run past the checkpoint, so that some work is lost
+    process.kill()
+    process.wait()
+    scratch_rows = len(read_metrics(run_dir))
+
+    config = load_config("default", [f"run_dir={run_dir}"])
+    chosen, _ = choose_checkpoint(run_dir / "checkpoints")
+    killed_buffer = TensorDict.load_memmap(run_dir / "replay").clone()  # before resume wipes it
+    run = build_run(config, resuming=True)
+    try:
+        run.checkpoints.load(chosen)
+        frames = run.progress.frames
+        assert frames == int(chosen.name.split("-")[1])
+        assert len(run.buffer) == frames  # nothing past the checkpoint
+        assert (run.buffer[:] == killed_buffer[:frames]).all()
+    finally:
+        run.close()
+    assert scratch_rows * 200 >= frames  # the killed run had logged up to or past it
+
+    result = subprocess.run(
+        [PYTHON, str(TRAIN_PY), f"run_dir={run_dir}"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"resumed from {chosen}" in result.stderr
+    rows = read_metrics(run_dir)
+    assert_frames_continuous(rows, 200, 4000)
+    assert [row["iteration"] for row in rows] == list(range(1, 21))
+
+
+def test_sigterm_saves_at_an_iteration_boundary_and_resumes(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "collector.total_frames=4000", "eval.interval_frames=1000")
+    wait_for_checkpoints(run_dir, 1)
+    process.send_signal(signal.SIGTERM)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    assert f"resume with: python train.py run_dir={run_dir}" in stdout
+    rows = read_metrics(run_dir)
+    stopped_at = rows[-1]["frames"]
+    assert stopped_at < 4000 and "eval/return" in rows[-1]
+    assert (run_dir / "checkpoints" / f"checkpoint-{stopped_at:012d}").is_dir()
+
+    result = subprocess.run(
+        [PYTHON, str(TRAIN_PY), f"run_dir={run_dir}"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert_frames_continuous(read_metrics(run_dir), 200, 4000)
+
+
+# -- resume rules --------------------------------------------------------------------------
+
+
+def test_resume_refuses_experiment_changes_and_allows_budget_changes(
+    tiny_config, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    train(tiny_config("collector.total_frames=400", run_dir=run_dir))
+    with pytest.raises(ConfigError, match=r"optim\.lr.*cannot change when resuming"):
+        load_config("default", [f"run_dir={run_dir}", "optim.lr=0.1"])
+    resumed = load_config(
+        "default", [f"run_dir={run_dir}", "collector.total_frames=800", "logger.backend=csv"]
+    )
+    assert resumed.collector.total_frames == 800 and resumed.optim.batch_size == 64
+
+
+def test_new_run_in_a_directory_without_checkpoints_starts_clean(tiny_config, tmp_path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "replay").mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+    (run_dir / "metrics.jsonl").write_text('{"frames": 99999}\n')
+    (run_dir / "replay" / "stale.memmap").write_bytes(b"\xff" * 4096)
+    train(tiny_config("collector.total_frames=400", run_dir=run_dir))
+    assert not (run_dir / "replay" / "stale.memmap").exists()
+    assert [row["frames"] for row in read_metrics(run_dir)] == [200, 400]
+
+
+# -- damaged checkpoints -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_run(tmp_path_factory) -> Path:
+    """A finished tiny run with checkpoints at 800 and 1200 frames (and the best)."""
+    run_dir = tmp_path_factory.mktemp("saved") / "run"
+    train(load_config("default", [*TINY_RUN, f"run_dir={run_dir}"]))
+    return run_dir
+
+
+def damageable_files(run_dir: Path) -> list[str]:
+    newest = sorted((run_dir / "checkpoints").glob("checkpoint-*"))[-1]
+    files = ["manifest.json"]
+    for component in sorted((newest / "components").iterdir()):
+        largest = max(
+            (f for f in component.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size
+        )
+        files.append(largest.relative_to(newest).as_posix())
+        if component.name.endswith("replay_buffer"):
+            files += [
+                f.relative_to(newest).as_posix()
+                for f in component.rglob("*")
+                if f.name in ("sumtree.memmap", "mintree.memmap")
+            ]
+    return files
+
+
+def damage(path: Path, how: str) -> None:
+    size = path.stat().st_size
+    if how == "truncate":
+        os.truncate(path, size // 2)
+    elif how == "zero":
+        path.write_bytes(b"\0" * size)
+    else:
+        path.unlink()
+
+
+@pytest.mark.parametrize("how", ["truncate", "zero", "delete"])
+def test_every_damaged_file_is_detected_and_the_previous_checkpoint_used(
+    saved_run: Path, tmp_path: Path, how: str
+) -> None:
+    files = damageable_files(saved_run)
+    assert any("storage" in f for f in files) and any("sumtree" in f for f in files)
+    assert any("sac_networks" in f for f in files) and any("optimizer" in f for f in files)
+    for relative in files:
+        copy = tmp_path / f"{how}-{relative.replace('/', '_')}"
+        shutil.copytree(saved_run, copy)
+        checkpoints = sorted((copy / "checkpoints").glob("checkpoint-*"))
+        damage(checkpoints[-1] / relative, how)
+        chosen, passed_over = choose_checkpoint(copy / "checkpoints")
+        assert chosen == checkpoints[-2], relative
+        assert len(passed_over) == 1 and checkpoints[-1].name in passed_over[0]
+
+
+def test_resume_falls_back_and_says_why(saved_run: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved_run, run_dir)
+    newest = sorted((run_dir / "checkpoints").glob("checkpoint-*"))[-1]
+    storage = next((newest / "components").glob("*replay_buffer/storage/**/*.memmap"))
+    damage(storage, "zero")
+    result = subprocess.run(
+        [PYTHON, str(TRAIN_PY), f"run_dir={run_dir}", "collector.total_frames=1600"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"{newest.name}" in result.stderr and "checksum mismatch" in result.stderr
+    assert "resumed from" in result.stderr and "at 800 frames" in result.stderr
+    assert_frames_continuous(read_metrics(run_dir), 200, 1600)
+
+
+def test_no_good_checkpoint_exits_with_an_error_and_touches_nothing(
+    saved_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved_run, run_dir)
+    for checkpoint in (run_dir / "checkpoints").glob("checkpoint-*"):
+        damage(checkpoint / "manifest.json", "truncate")
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    with pytest.raises(CorruptCheckpoint):
+        choose_checkpoint(run_dir / "checkpoints")
+    result = subprocess.run(
+        [PYTHON, str(TRAIN_PY), f"run_dir={run_dir}"], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 1
+    assert "cannot resume: no usable checkpoint" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+
+
+# -- faults during a run -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env_id", "message"),
+    [
+        (faulty_envs.RAISES_AT_1100, "while collecting.*simulated physics failure"),
+        (faulty_envs.NAN_AT_1100, "became nan at iteration"),
+    ],
+)
+def test_faults_stop_the_run_with_the_last_checkpoint_intact(
+    tiny_config, env_id: str, message: str
+) -> None:
+    config = tiny_config(f"env.name={env_id}", "collector.total_frames=2000")
+    with pytest.raises(RunFailed, match=message) as failure:
+        train(config)
+    assert "checkpoint-000000000800" in str(failure.value)
+    chosen, passed_over = choose_checkpoint(Path(config.run_dir) / "checkpoints")
+    assert chosen.name == "checkpoint-000000000800" and passed_over == []
+
+
+def mount_tmpfs(path: Path, options: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)])
+    if mounted.returncode != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+
+
+@pytest.fixture
+def mounts():
+    paths: list[Path] = []
+    yield paths
+    for path in reversed(paths):
+        subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
+    tiny_config, tmp_path: Path, mounts
+) -> None:
+    run_dir = tmp_path / "run"
+    checkpoints = run_dir / "checkpoints"
+    # Room for about one checkpoint (each ~0.6 MB here) in a file system of its own.
+    mount_tmpfs(checkpoints, "size=1m")
+    mounts.append(checkpoints)
+    (run_dir / "config.yaml").write_text("")  # a run directory prepared by hand
+    config = tiny_config(run_dir=run_dir)
+    with pytest.raises(RunFailed, match=r"could not save the checkpoint at \d+ frames") as failure:
+        train(config)
+    assert "No space left on device" in str(failure.value)
+    chosen, _ = choose_checkpoint(checkpoints)
+    assert str(chosen) in str(failure.value)
+    run = build_run(load_config("default", [f"run_dir={run_dir}"]), resuming=True)
+    try:
+        run.checkpoints.load(chosen)
+        assert run.progress.frames == int(chosen.name.split("-")[1])
+    finally:
+        run.close()
+
+
+def test_unwritable_run_dir_is_reported_before_any_work(tiny_config, tmp_path: Path, mounts):
+    read_only = tmp_path / "read-only"
+    mount_tmpfs(read_only, "ro,size=1m")
+    mounts.append(read_only)
+    with pytest.raises(RunFailed, match="is not writable: Read-only file system"):
+        train(tiny_config(run_dir=read_only / "run"))
