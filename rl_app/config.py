@@ -28,6 +28,7 @@ CHECKPOINTS_DIR = "checkpoints"
 # Keys a resumed run may change: budgets, evaluation cadence, bookkeeping, logging.
 CHANGEABLE_ON_RESUME = (
     "run_dir",
+    "launcher",
     "threads",
     "collector.total_frames",
     "eval.interval_frames",
@@ -121,9 +122,28 @@ class LoggerConfig:
 
 
 @dataclass
+class SlurmConfig:
+    """SLURM launch (launcher=slurm): a profile from slurm/profiles/, overridable key by key."""
+
+    profile: str = setting("local", "cluster profile: slurm/profiles/<profile>.yaml")
+    partition: str | None = setting(None, "partition (unset: the profile's)")
+    account: str | None = setting(None, "account (unset: the profile's)")
+    qos: str | None = setting(None, "quality of service (unset: the profile's)")
+    time_min: int | None = setting(None, "time limit in minutes (unset: the profile's)")
+    gpus_per_node: int | None = setting(None, "GPUs for the job (unset: the profile's)")
+    cpus_per_task: int | None = setting(None, "CPUs for the job (unset: the profile's)")
+    mem_gb: int | None = setting(None, "memory in GB (unset: the profile's)")
+    constraint: str | None = setting(None, "node constraint (unset: the profile's)")
+    signal_delay_s: int | None = setting(None, "USR2 this long before the time limit")
+    max_requeues: int | None = setting(None, "preemptions/timeouts a job may be requeued for")
+    array: str | None = setting(None, "one job per value of one key, e.g. seed=1,2,3")
+
+
+@dataclass
 class Config:
     """A whole run."""
 
+    launcher: str = setting("local", "local (train here) | slurm (submit with submitit)")
     algo: str = setting("sac", "learning algorithm: sac")
     seed: int = setting(0, "seed of every random number generator")
     device: str = setting("auto", "learner device: auto | cpu | cuda | cuda:N")
@@ -137,8 +157,10 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
+LAUNCHERS = ("local", "slurm")
 ALGORITHMS = ("sac",)
 COLLECTOR_MODES = ("direct",)
 SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
@@ -267,6 +289,7 @@ def validate(config: Config) -> None:
             bound = ">= 0" if allow_zero else "> 0"
             raise ConfigError(f"{key}={value!r} is out of range: it must be {bound}")
 
+    choose("launcher", config.launcher, LAUNCHERS)
     choose("algo", config.algo, ALGORITHMS)
     choose("collector.mode", config.collector.mode, COLLECTOR_MODES)
     choose("replay.sampler", config.replay.sampler, SAMPLERS)

@@ -1,5 +1,8 @@
 """Stopping cleanly: a signal only sets a flag; the loop saves and stops at the next
-iteration boundary, never in the middle of an update."""
+iteration boundary, never in the middle of an update.
+
+SIGINT is Ctrl-C, SIGTERM a polite kill, SIGUSR2 what SLURM (through submitit) sends
+before a preemption or the time limit."""
 
 from __future__ import annotations
 
@@ -9,7 +12,9 @@ from contextlib import contextmanager
 
 
 class StopRequest:
-    """Records a stop asked for by SIGINT (Ctrl-C) or SIGTERM. A second Ctrl-C stops at once."""
+    """Records a stop asked for by a signal. A second Ctrl-C stops at once."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
     def __init__(self) -> None:
         self.reason: str | None = None
