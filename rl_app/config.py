@@ -25,7 +25,8 @@ DEFAULT_PRESET = "default"
 # Inside a run directory:
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS_DIR = "checkpoints"
-# Keys a resumed run may change: budgets, evaluation cadence, bookkeeping, logging.
+# Keys a resumed run may change: budgets, evaluation cadence, bookkeeping, logging, and
+# every slurm.* key (where and how the run is launched).
 CHANGEABLE_ON_RESUME = (
     "run_dir",
     "launcher",
@@ -247,7 +248,8 @@ def refuse_experiment_changes(saved: Config, resumed: Config) -> None:
         key = changed[0]
         raise ConfigError(
             f"{key}={after[key]!r} cannot change when resuming (the run was started with "
-            f"{before[key]!r}); keys that may change on resume: {', '.join(CHANGEABLE_ON_RESUME)}"
+            f"{before[key]!r}); keys that may change on resume: "
+            f"{', '.join(CHANGEABLE_ON_RESUME)}, slurm.*"
         )
 
 
