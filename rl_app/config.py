@@ -88,6 +88,16 @@ class OptimConfig:
 
 
 @dataclass
+class DQNConfig:
+    """DQN's own settings (algo=dqn)."""
+
+    eps_start: float = setting(1.0, "exploration epsilon at the start")
+    eps_end: float = setting(0.05, "exploration epsilon after annealing")
+    eps_annealing_frames: int = setting(10_000, "frames over which epsilon decreases linearly")
+    target_update_interval: int = setting(10, "copy the Q-network to its target every N updates")
+
+
+@dataclass
 class ReplayConfig:
     """The replay buffer (memmap storage inside the run directory)."""
 
@@ -145,7 +155,7 @@ class Config:
     """A whole run."""
 
     launcher: str = setting("local", "local (train here) | slurm (submit with submitit)")
-    algo: str = setting("sac", "learning algorithm: sac")
+    algo: str = setting("sac", "sac (continuous actions) | dqn (discrete actions)")
     seed: int = setting(0, "seed of every random number generator")
     device: str = setting("auto", "learner device: auto | cpu | cuda | cuda:N")
     threads: int = setting(1, "torch intra-op threads (one is fastest on small machines)")
@@ -158,11 +168,13 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    dqn: DQNConfig = field(default_factory=DQNConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 LAUNCHERS = ("local", "slurm")
-ALGORITHMS = ("sac",)
+# Each algorithm and the action space it needs.
+ALGORITHM_ACTIONS = {"sac": "continuous", "dqn": "discrete"}
 COLLECTOR_MODES = ("direct",)
 SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
 LOGGER_BACKENDS = ("none", "csv", "wandb", "tensorboard")
@@ -292,7 +304,7 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{key}={value!r} is out of range: it must be {bound}")
 
     choose("launcher", config.launcher, LAUNCHERS)
-    choose("algo", config.algo, ALGORITHMS)
+    choose("algo", config.algo, tuple(ALGORITHM_ACTIONS))
     choose("collector.mode", config.collector.mode, COLLECTOR_MODES)
     choose("replay.sampler", config.replay.sampler, SAMPLERS)
     choose("logger.backend", config.logger.backend, LOGGER_BACKENDS)
@@ -356,6 +368,7 @@ def validate(config: Config) -> None:
             f"env.name={config.env.name!r} needs MuJoCo, an optional extra: "
             "install it with .venv/bin/pip install 'gymnasium[mujoco]==1.4.0'"
         )
+    check_action_space(config.algo, config.env.name)
     episode_len = env_spec.max_episode_steps
     if config.replay.sampler.endswith("slice"):
         if episode_len is not None and config.replay.slice_len > episode_len:
@@ -368,6 +381,20 @@ def validate(config: Config) -> None:
                 f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
                 f"sampler it must be a multiple of replay.slice_len={config.replay.slice_len}"
             )
+
+
+def check_action_space(algo: str, env_name: str) -> None:
+    """The algorithm must fit the env's actions (building the Gymnasium env is the only way
+    to read its action space; no TorchRL env, file or process is created)."""
+    probe = gym.make(env_name)
+    actions = "discrete" if isinstance(probe.action_space, gym.spaces.Discrete) else "continuous"
+    probe.close()
+    if ALGORITHM_ACTIONS[algo] != actions:
+        fitting = [name for name, kind in ALGORITHM_ACTIONS.items() if kind == actions]
+        raise ConfigError(
+            f"algo={algo!r} needs {ALGORITHM_ACTIONS[algo]} actions but {env_name} has "
+            f"{actions} actions: use algo={' or algo='.join(fitting)}"
+        )
 
 
 def to_yaml(config: Config) -> str:

@@ -32,6 +32,8 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
         (["collector.total_frames=0"], "collector.total_frames"),
         (["--config", "no_such_preset"], "no_such_preset"),
         (["optim.lr"], "optim.lr"),
+        (["algo=dqn"], "use algo=sac"),
+        (["--config", "dqn_cartpole", "algo=sac"], "use algo=dqn"),
     ],
 )
 def test_bad_input_exits_2_naming_the_key_and_creates_nothing(

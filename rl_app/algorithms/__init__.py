@@ -6,10 +6,12 @@ import torch
 from torchrl.envs import EnvBase
 
 from rl_app.algorithms.base import PRIORITY_KEY, Algorithm
+from rl_app.algorithms.dqn import DQN
 from rl_app.algorithms.sac import SAC
 from rl_app.config import Config
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"sac": SAC}
+# `algo=` names; the action space each needs is in rl_app.config.ALGORITHM_ACTIONS.
+ALGORITHMS: dict[str, type[Algorithm]] = {"sac": SAC, "dqn": DQN}
 
 __all__ = ["ALGORITHMS", "PRIORITY_KEY", "Algorithm", "make_algorithm"]
 

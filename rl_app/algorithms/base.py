@@ -2,7 +2,9 @@
 
 The loop never imports an algorithm module: it calls :func:`rl_app.algorithms.make_algorithm`
 and then only the methods below. Adding an algorithm means one module implementing
-:class:`Algorithm`, one entry in ``ALGORITHMS`` (``rl_app/algorithms/__init__.py``) and one preset.
+:class:`Algorithm`, its name in ``ALGORITHMS`` (``rl_app/algorithms/__init__.py``) and in
+``ALGORITHM_ACTIONS`` (``rl_app/config.py``, with a settings group if it has its own
+settings), and one preset in ``configs/``.
 """
 
 from __future__ import annotations

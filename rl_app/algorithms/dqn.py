@@ -1,0 +1,97 @@
+"""DQN for discrete actions: a Q-network acting greedily, with epsilon-greedy exploration
+annealed over collected frames and a target network copied every few updates."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from tensordict.nn import TensorDictSequential
+from torch import nn
+from torchrl.data import TensorSpec
+from torchrl.envs import EnvBase
+from torchrl.modules import MLP, EGreedyModule, QValueActor
+from torchrl.objectives import DQNLoss, HardUpdate
+
+from rl_app.algorithms.base import PRIORITY_KEY, Algorithm
+from rl_app.config import Config, DQNConfig, NetworkConfig
+
+
+def make_policy(
+    network: NetworkConfig,
+    dqn: DQNConfig,
+    observation_dim: int,
+    action_spec: TensorSpec,
+    env: EnvBase | None = None,
+) -> TensorDictSequential:
+    """Q-network -> greedy action, then epsilon-greedy exploration.
+
+    The exploration step acts only when the policy explores (collection); evaluation runs
+    it deterministically, which leaves the greedy action. ``env`` is accepted and unused
+    because TorchRL's Evaluator calls policy factories with the evaluation env."""
+    qnetwork = MLP(
+        in_features=observation_dim,
+        out_features=action_spec.shape[-1],
+        num_cells=network.hidden_sizes,
+        activation_class=nn.ReLU,
+    )
+    actor = QValueActor(qnetwork, in_keys=["observation"], spec=action_spec)
+    explore = EGreedyModule(action_spec, eps_init=dqn.eps_start, eps_end=dqn.eps_end)
+    return TensorDictSequential(actor, explore)
+
+
+def epsilon_at(dqn: DQNConfig, frames: int) -> float:
+    """Linear annealing from ``eps_start`` to ``eps_end`` over ``eps_annealing_frames``."""
+    progress = min(1.0, frames / dqn.eps_annealing_frames)
+    return dqn.eps_start + progress * (dqn.eps_end - dqn.eps_start)
+
+
+class DQN(Algorithm):
+    """Double DQN with a hard-copied target network."""
+
+    def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
+        self._observation_dim = env.observation_spec["observation"].shape[-1]
+        self._action_spec = env.action_spec_unbatched.clone().cpu()
+        self._network = config.network
+        self._dqn = config.dqn
+        self.policy = self.policy_factory()().to(device)
+        actor, self.exploration = self.policy[0], self.policy[1]
+        self.loss = DQNLoss(actor, delay_value=True, double_dqn=True, loss_function="l2")
+        self.loss.set_keys(priority=PRIORITY_KEY)
+        # The TD target bootstraps through ("next", "terminated"), never through the
+        # "done" that slice samplers set at slice ends.
+        self.loss.make_value_estimator(gamma=config.optim.gamma)
+        self.target_updater = HardUpdate(
+            self.loss, value_network_update_interval=config.dqn.target_update_interval
+        )
+        self.optimizer = torch.optim.Adam(self.loss.parameters(), lr=config.optim.lr)
+
+    def policy_factory(self) -> Callable[..., TensorDictSequential]:
+        return functools.partial(
+            make_policy, self._network, self._dqn, self._observation_dim, self._action_spec
+        )
+
+    def update(self, batch: TensorDictBase) -> TensorDictBase:
+        losses = self.loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        losses["loss"].backward()
+        self.optimizer.step()
+        self.target_updater.step()
+        losses["epsilon"] = self.exploration.eps
+        return losses.detach()
+
+    def after_collect(self, frames: int) -> None:
+        self.exploration.eps.fill_(epsilon_at(self._dqn, frames))
+
+    def checkpoint_components(self) -> dict[str, Any]:
+        # The loss module holds the Q-network and its target; the exploration module its
+        # current epsilon; the target updater counts updates until the next copy.
+        return {
+            "dqn_networks": self.loss,
+            "dqn_optimizer": self.optimizer,
+            "dqn_exploration": self.exploration,
+            "dqn_target_updater": self.target_updater,
+        }
