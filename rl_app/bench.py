@@ -1,8 +1,12 @@
-"""``make bench``: throughput of the default configuration and where an iteration's time goes.
+"""``make bench``: measured speed, printed and written to ``bench.json`` in a run directory.
 
-Trains the default preset (shortened to ``BENCH_FRAMES`` frames unless overridden with
-``ARGS="collector.total_frames=..."``), then prints and writes ``bench.json`` in the run
-directory: environment frames/s, updates/s and the mean time per iteration of each phase.
+Sections, each measured in the same process, one after the other:
+- training: the default preset (shortened to ``BENCH_FRAMES`` frames unless overridden with
+  ``ARGS="collector.total_frames=..."``): environment frames/s, updates/s and the mean
+  time per iteration of each phase of the loop;
+- checkpoint: save, verify-and-load time and size with a 100k-transition Pendulum buffer,
+  and checkpointing's share of training time at the default evaluation interval.
+
 Not part of the test suite: timings depend on the machine and on what else runs on it.
 """
 
@@ -12,55 +16,122 @@ import json
 import platform
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import torch
+from torchrl.collectors import Collector
+from torchrl.envs.utils import RandomPolicy
 
-from rl_app.config import ConfigError, load_config
-from rl_app.loop import train
+from rl_app.checkpointing import disk_size, verify_checkpoint
+from rl_app.config import Config, ConfigError, load_config
+from rl_app.envs import make_env
+from rl_app.loop import build_run, train
+from rl_app.replay import TRAJECTORY_KEY
 
 BENCH_FRAMES = 6_000
-PHASES = ("collect", "extend", "sample", "update", "priority", "sync", "eval", "checkpoint", "log")
+CHECKPOINT_BUFFER = 100_000
+PHASES = (
+    "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
+    "syncing weights", "evaluating", "logging", "saving a checkpoint",
+)  # fmt: skip
 
 
-def main(argv: list[str]) -> int:
-    overrides = [f"collector.total_frames={BENCH_FRAMES}", "logger.backend=none", *argv]
-    if not any(item.startswith("run_dir=") for item in overrides):
-        overrides.append(f"run_dir=runs/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    try:
-        config = load_config("default", overrides)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-
+def bench_training(config: Config) -> dict[str, Any]:
     started = time.perf_counter()
     result = train(config)
     wall = time.perf_counter() - started
     iterations = result.frames // config.collector.frames_per_batch
     seconds = result.seconds_per_phase
-    report = {
-        "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "cpus": torch.get_num_threads(),
-            "torch": torch.__version__,
-        },
-        "config": {"frames": result.frames, "threads": config.threads},
+    checkpoint_share = seconds.get("saving a checkpoint", 0.0) / wall
+    return {
+        "run_dir": str(result.run_dir),
+        "frames": result.frames,
         "wall_seconds": wall,
         "frames_per_second": result.frames / wall,
         "updates_per_second": result.updates / wall,
-        "ms_per_update_step": 1000 * seconds.get("update", 0.0) / max(result.updates, 1),
+        "ms_per_update_step": 1000 * seconds.get("updating", 0.0) / max(result.updates, 1),
         "ms_per_iteration": {p: 1000 * seconds.get(p, 0.0) / iterations for p in PHASES},
+        "checkpoint_share_of_wall_time": checkpoint_share,
     }
-    (result.run_dir / "bench.json").write_text(json.dumps(report, indent=2))
 
-    print(f"\nenvironment frames/s (end to end): {report['frames_per_second']:.1f}")
-    print(f"updates/s (end to end):             {report['updates_per_second']:.1f}")
-    print(f"one update step:                    {report['ms_per_update_step']:.1f} ms")
+
+def bench_checkpoint(config: Config, directory: Path) -> dict[str, Any]:
+    """One save and one verified load of a run whose buffer holds 100k real transitions."""
+    config.run_dir = str(directory)
+    config.replay.capacity = CHECKPOINT_BUFFER
+    run = build_run(config)
+    try:
+        env = make_env(config.env, config.seed)
+        chunk = CHECKPOINT_BUFFER // 10
+        collector = Collector(
+            env, RandomPolicy(env.action_spec), frames_per_batch=chunk, total_frames=chunk
+        )
+        play = next(iter(collector))
+        collector.shutdown()
+        for copy in range(10):  # ten copies of real play, each with its own trajectory ids
+            play[TRAJECTORY_KEY] += copy * 1_000
+            run.buffer.extend(play)
+        run.progress.frames = CHECKPOINT_BUFFER
+
+        started = time.perf_counter()
+        path = run.checkpoints.save(CHECKPOINT_BUFFER, eval_reward=0.0)
+        save_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        verify_checkpoint(path)
+        run.checkpoints.load(path)
+        load_seconds = time.perf_counter() - started
+        return {
+            "transitions": len(run.buffer),
+            "save_seconds": save_seconds,
+            "verify_and_load_seconds": load_seconds,
+            "size_mb": disk_size(path) / 1e6,
+        }
+    finally:
+        run.close()
+
+
+def main(argv: list[str]) -> int:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    overrides = [f"collector.total_frames={BENCH_FRAMES}", "logger.backend=none", *argv]
+    if not any(item.startswith("run_dir=") for item in overrides):
+        overrides.append(f"run_dir=runs/bench-{stamp}")
+    try:
+        config = load_config("default", overrides)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    run_dir = Path(config.run_dir)
+
+    report: dict[str, Any] = {
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__,
+            "threads": config.threads,
+        },
+        "training": bench_training(config),
+    }
+    report["checkpoint"] = bench_checkpoint(
+        load_config("default", overrides), run_dir / "checkpoint-bench"
+    )
+    (run_dir / "bench.json").write_text(json.dumps(report, indent=2))
+
+    training, checkpoint = report["training"], report["checkpoint"]
+    print(f"\n== training ({training['frames']} frames, default preset)")
+    print(f"environment frames/s (end to end): {training['frames_per_second']:.1f}")
+    print(f"updates/s (end to end):             {training['updates_per_second']:.1f}")
+    print(f"one update step:                    {training['ms_per_update_step']:.1f} ms")
     print("time per iteration:")
-    total = sum(report["ms_per_iteration"].values())
-    for phase, ms in report["ms_per_iteration"].items():
-        print(f"  {phase:<10} {ms:8.1f} ms  {100 * ms / total:5.1f}%")
-    print(f"results: {result.run_dir / 'bench.json'}")
+    total = sum(training["ms_per_iteration"].values())
+    for phase, ms in training["ms_per_iteration"].items():
+        print(f"  {phase:<22} {ms:8.1f} ms  {100 * ms / total:5.1f}%")
+    print(f"checkpointing: {100 * training['checkpoint_share_of_wall_time']:.2f}% of wall time")
+    print(f"\n== checkpoint with {checkpoint['transitions']} Pendulum transitions")
+    print(f"save: {checkpoint['save_seconds']:.2f} s")
+    print(f"verify + load: {checkpoint['verify_and_load_seconds']:.2f} s")
+    print(f"size: {checkpoint['size_mb']:.1f} MB")
+    print(f"\nresults: {run_dir / 'bench.json'}")
     return 0
 
 

@@ -337,3 +337,29 @@ def test_unwritable_run_dir_is_reported_before_any_work(tiny_config, tmp_path: P
     mounts.append(read_only)
     with pytest.raises(RunFailed, match="is not writable: Read-only file system"):
         train(tiny_config(run_dir=read_only / "run"))
+
+
+def test_resume_continues_the_same_wandb_run_and_csv_logs(
+    tiny_config, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)  # offline: no account needed
+    run_dir = tmp_path / "run"
+    train(tiny_config("logger.backend=wandb", "collector.total_frames=800", run_dir=run_dir))
+    resumed = load_config("default", [f"run_dir={run_dir}", "collector.total_frames=1200"])
+    train(resumed)
+    run_ids = {
+        path.name.rsplit("-", 1)[1] for path in (run_dir / "logs/wandb").glob("offline-run-*")
+    }
+    assert len(list((run_dir / "logs/wandb").glob("offline-run-*"))) == 2
+    assert len(run_ids) == 1, run_ids  # one wandb run, continued
+
+    csv_dir = tmp_path / "csv"
+    process = start_training(csv_dir, "logger.backend=csv", "collector.total_frames=4000")
+    wait_for_checkpoints(csv_dir, 2)
+    time.sleep(1.0)
+    process.kill()
+    process.wait()
+    train(load_config("default", [f"run_dir={csv_dir}"]))
+    (scalars,) = csv_dir.glob("logs/*/scalars/iteration.csv")
+    steps = [int(line.split(",")[0]) for line in scalars.read_text().splitlines()]
+    assert steps == list(range(200, 4001, 200))  # no step repeated or missing
