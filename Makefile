@@ -17,14 +17,22 @@ $(INSTALLED): requirements.txt
 train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
 	$(PY) train.py $(ARGS)
 
-test: venv ## The whole suite, learning checks included
-	$(PY) -m pytest $(PYTEST_ARGS)
+test: venv ## The whole suite, learning checks included; starts the local SLURM cluster first
+	@$(MAKE) --no-print-directory slurm-up || \
+		echo "local SLURM cluster not started (reason above): slurm tests skip (fail when CI is set)"
+	$(PY) -m pytest -rs $(PYTEST_ARGS)
 
 test-fast: venv ## Everything but the minutes-long learning checks
 	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
 
 bench: venv ## Throughput and the time split of an iteration, written to the run directory
 	$(PY) -m rl_app.bench $(ARGS)
+
+slurm-up: ## Start the local one-node SLURM cluster (root; installs its Debian packages if missing)
+	bash slurm/local-cluster/up.sh
+
+slurm-down: ## Stop the local SLURM cluster: its jobs, then the daemons slurm-up started
+	bash slurm/local-cluster/down.sh
 
 lint: venv
 	$(PY) -m ruff check .
