@@ -2,7 +2,8 @@
 
 A mistake in the command line or the configuration is reported in one line with exit
 status 2, before anything is created; a fault during training (exit status 1) names the
-last good checkpoint. ``run_dir=`` an existing run resumes it.
+last good checkpoint. ``run_dir=`` an existing run resumes it. ``launcher=slurm`` submits
+the run to SLURM instead (see slurm/README.md) and returns once it is queued.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 
 from rl_app.config import (
     DEFAULT_PRESET,
+    Config,
     ConfigError,
     available_presets,
     describe_settings,
@@ -49,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_config:
         print(to_yaml(config), end="")
         return 0
+    if config.launcher == "slurm":
+        return submit_to_slurm(args.config, args.overrides, config)
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from rl_app.loop import RunFailed, train  # heavy imports only once the config is known good
@@ -66,6 +70,19 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint saved: {result.last_checkpoint}\n"
             f"resume with: python train.py run_dir={result.run_dir}"
         )
+    return 0
+
+
+def submit_to_slurm(preset: str, overrides: list[str], config: Config) -> int:
+    """Submit with submitit and return at once; the job trains (and resumes) on the cluster."""
+    from rl_app.slurm import describe, submit
+
+    try:
+        jobs = submit(preset, overrides, config)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(describe(jobs))
     return 0
 
 
