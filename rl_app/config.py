@@ -53,7 +53,7 @@ def setting(default: Any, doc: str) -> Any:
 class EnvConfig:
     """The environment trained on."""
 
-    name: str = setting("Pendulum-v1", "Gymnasium environment id")
+    name: str = setting("Pendulum-v1", "Gymnasium environment id, or module:id")
 
 
 @dataclass
@@ -72,8 +72,10 @@ class CollectorConfig:
     total_frames: int = setting(20_000, "environment frames to train for")
     frames_per_batch: int = setting(200, "frames collected per training iteration")
     init_random_frames: int = setting(1_000, "frames of uniform random actions before learning")
-    mode: str = setting("direct", "collector topology: direct")
-    sync_every: int = setting(1, "push learner weights to the collector every N iterations")
+    mode: str = setting("direct", "direct (in-process) | sync | async (worker processes)")
+    workers: int = setting(2, "worker processes (sync and async modes)")
+    device: str = setting("cpu", "where worker processes run the policy: cpu | cuda")
+    sync_every: int = setting(1, "push learner weights to the workers every N iterations")
 
 
 @dataclass
@@ -175,7 +177,7 @@ class Config:
 LAUNCHERS = ("local", "slurm")
 # Each algorithm and the action space it needs.
 ALGORITHM_ACTIONS = {"sac": "continuous", "dqn": "discrete"}
-COLLECTOR_MODES = ("direct",)
+COLLECTOR_MODES = ("direct", "sync", "async")
 SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
 LOGGER_BACKENDS = ("none", "csv", "wandb", "tensorboard")
 
@@ -254,7 +256,11 @@ def refuse_experiment_changes(saved: Config, resumed: Config) -> None:
     before = flatten(dataclasses.asdict(saved))
     after = flatten(dataclasses.asdict(resumed))
     changed = [
-        key for key in after if after[key] != before[key] and key not in CHANGEABLE_ON_RESUME
+        key
+        for key in after
+        if after[key] != before[key]
+        and key not in CHANGEABLE_ON_RESUME
+        and not key.startswith("slurm.")
     ]
     if changed:
         key = changed[0]
@@ -313,12 +319,14 @@ def validate(config: Config) -> None:
             f"device={config.device!r} is not accepted: choose auto, cpu, cuda or cuda:N"
         )
     choose("replay.device", config.replay.device.split(":")[0], ("cpu", "cuda"))
+    choose("collector.device", config.collector.device.split(":")[0], ("cpu", "cuda"))
 
     for key, value in [
         ("threads", config.threads),
         ("collector.total_frames", config.collector.total_frames),
         ("collector.frames_per_batch", config.collector.frames_per_batch),
         ("collector.sync_every", config.collector.sync_every),
+        ("collector.workers", config.collector.workers),
         ("optim.lr", config.optim.lr),
         ("optim.batch_size", config.optim.batch_size),
         ("optim.utd_ratio", config.optim.utd_ratio),
@@ -351,18 +359,22 @@ def validate(config: Config) -> None:
             f"collector.total_frames={config.collector.total_frames} is out of range: "
             f"it must be at least collector.frames_per_batch={config.collector.frames_per_batch}"
         )
+    if (
+        config.collector.mode == "sync"
+        and config.collector.frames_per_batch % config.collector.workers
+    ):
+        raise ConfigError(
+            f"collector.frames_per_batch={config.collector.frames_per_batch} is not accepted: "
+            f"in sync mode it is split evenly among collector.workers={config.collector.workers}"
+        )
     if config.optim.batch_size > config.replay.capacity:
         raise ConfigError(
             f"optim.batch_size={config.optim.batch_size} is out of range: "
             f"it must not exceed replay.capacity={config.replay.capacity}"
         )
 
-    if config.env.name not in gym.envs.registry:
-        raise ConfigError(
-            f"env.name={config.env.name!r} is not a registered Gymnasium environment "
-            "(see gymnasium.envs.registry for the accepted ids)"
-        )
-    env_spec = gym.spec(config.env.name)
+    check_env_registered(config.env.name)
+    env_spec = gym.spec(config.env.name.split(":")[-1])
     if "mujoco" in str(env_spec.entry_point) and importlib.util.find_spec("mujoco") is None:
         raise ConfigError(
             f"env.name={config.env.name!r} needs MuJoCo, an optional extra: "
@@ -381,6 +393,23 @@ def validate(config: Config) -> None:
                 f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
                 f"sampler it must be a multiple of replay.slice_len={config.replay.slice_len}"
             )
+
+
+def check_env_registered(env_name: str) -> None:
+    """Gymnasium ids, or ``module:id`` for an env that ``module`` registers on import."""
+    module = env_name.split(":")[0] if ":" in env_name else None
+    if module is not None:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ConfigError(
+                f"env.name={env_name!r}: cannot import {module!r} ({error})"
+            ) from None
+    if env_name.split(":")[-1] not in gym.envs.registry:
+        raise ConfigError(
+            f"env.name={env_name!r} is not a registered Gymnasium environment "
+            "(see gymnasium.envs.registry for the accepted ids, or give module:id)"
+        )
 
 
 def check_action_space(algo: str, env_name: str) -> None:

@@ -25,10 +25,7 @@ class StopRequest:
 
     @contextmanager
     def installed(self) -> Iterator[StopRequest]:
-        previous = {
-            signum: signal.signal(signum, self._handle)
-            for signum in (signal.SIGINT, signal.SIGTERM)
-        }
+        previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         try:
             yield self
         finally:

@@ -33,16 +33,17 @@ from rl_app.checkpointing import CorruptCheckpoint, RunCheckpoints, choose_check
 from rl_app.collection import (
     CollectorState,
     Devices,
+    WeightSync,
+    check_workers,
     decide_devices,
     make_collector,
-    sync_weights,
 )
 from rl_app.config import CHECKPOINTS_DIR, CONFIG_FILE, Config, holds_checkpoint, to_yaml
-from rl_app.envs import env_factory, make_env
+from rl_app.envs import make_env
 from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, RunLogger
-from rl_app.replay import make_replay_buffer
+from rl_app.replay import make_replay_buffer, write_priorities
 
 log = logging.getLogger("rl_app")
 
@@ -112,6 +113,7 @@ class Run:
     algorithm: Algorithm
     buffer: TensorDictReplayBuffer
     collector: BaseCollector
+    weight_sync: WeightSync
     progress: Progress
     checkpoints: RunCheckpoints
     logger: RunLogger
@@ -165,9 +167,7 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     buffer = make_replay_buffer(
         config.replay, config.optim.batch_size, run_dir / REPLAY_DIR, config.seed
     )
-    collector = make_collector(
-        config, env_factory(config.env, config.seed), algorithm.policy, devices
-    )
+    collector = make_collector(config, algorithm, devices)
     progress = Progress()
     logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
     checkpoints = RunCheckpoints(
@@ -184,9 +184,10 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         },
         replay_dir=run_dir / REPLAY_DIR,
     )
+    weight_sync = WeightSync(collector, algorithm, config.env.name)
     return Run(
-        config, run_dir, devices, algorithm, buffer, collector, progress, checkpoints, logger,
-        PhaseTimer(),
+        config, run_dir, devices, algorithm, buffer, collector, weight_sync, progress,
+        checkpoints, logger, PhaseTimer(),
     )  # fmt: skip
 
 
@@ -200,6 +201,9 @@ def train(config: Config) -> TrainResult:
             run.checkpoints.load(resume_from)
             run.logger.rewind(run.progress.frames)
             log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
+            if run.progress.frames >= config.collector.total_frames:
+                log.info("the run already has its %d frames", config.collector.total_frames)
+                return summarize(run, stopped_by=None)
         return run_iterations(run)
     except RunFailed:
         raise
@@ -244,6 +248,7 @@ def run_iterations(run: Run) -> TrainResult:
     with StopRequest().installed() as stop:
         phases.enter("collecting")
         for batch in run.collector:
+            check_workers(run.collector, config.env.name)
             progress.frames += batch.numel()
             progress.iterations += 1
             algorithm.after_collect(progress.frames)
@@ -258,18 +263,21 @@ def run_iterations(run: Run) -> TrainResult:
                     phases.enter("updating")
                     update_metrics.append(algorithm.update(sample))
                     phases.enter("writing priorities")
-                    buffer.update_tensordict_priority(sample)
+                    write_priorities(buffer, sample)
                 progress.updates += updates_per_iteration
-            metrics = iteration_metrics(batch, update_metrics, progress)
+            phases.enter("checking metrics")
+            metrics = iteration_metrics(batch, update_metrics, progress, run.weight_sync.version)
             refuse_non_finite(metrics, run)
 
             if progress.iterations % config.collector.sync_every == 0:
                 phases.enter("syncing weights")
-                sync_weights(run.collector)
+                run.weight_sync.push()
 
-            finished = progress.frames >= config.collector.total_frames
+            # Decided once per iteration: a signal arriving after this point waits for the
+            # next boundary, so that a stop always evaluates and saves first.
+            stopping = progress.frames >= config.collector.total_frames or stop.requested
             eval_due = progress.frames - progress.last_eval_frames >= config.eval.interval_frames
-            if eval_due or finished or stop.requested:
+            if eval_due or stopping:
                 phases.enter("evaluating")
                 eval_reward = evaluate(config, algorithm.policy_factory(), algorithm.policy)
                 progress.last_eval_frames = progress.frames
@@ -281,28 +289,35 @@ def run_iterations(run: Run) -> TrainResult:
             if "eval/return" in metrics:
                 phases.enter("saving a checkpoint")
                 save_checkpoint(run, metrics["eval/return"])
-            if stop.requested:
+            if stopping:
                 break
             phases.enter("collecting")
     phases.enter("done")
+    # A signal that came with the last iteration stopped nothing: the run is complete.
+    return summarize(run, stop.reason if progress.frames < config.collector.total_frames else None)
 
+
+def summarize(run: Run, stopped_by: str | None) -> TrainResult:
     return TrainResult(
         run_dir=run.run_dir,
-        frames=progress.frames,
-        updates=progress.updates,
-        best_eval_reward=progress.best_eval_reward,
-        last_eval_reward=progress.last_eval_reward,
+        frames=run.progress.frames,
+        updates=run.progress.updates,
+        best_eval_reward=run.progress.best_eval_reward,
+        last_eval_reward=run.progress.last_eval_reward,
         best_checkpoint=run.checkpoints.best(),
         last_checkpoint=run.checkpoints.latest(),
-        stopped_by=stop.reason,
-        seconds_per_phase=dict(phases.seconds),
+        stopped_by=stopped_by,
+        seconds_per_phase=dict(run.phases.seconds),
     )
 
 
 def save_checkpoint(run: Run, eval_reward: float) -> None:
+    # Saving asks worker processes for their state: a stopped worker is the error to report.
+    check_workers(run.collector, run.config.env.name)
     try:
         run.checkpoints.save(run.progress.frames, eval_reward)
     except OSError as error:
+        check_workers(run.collector, run.config.env.name)
         raise RunFailed(
             f"could not save the checkpoint at {run.progress.frames} frames "
             f"({error.strerror}); the last good checkpoint is intact: "
@@ -322,10 +337,16 @@ def refuse_non_finite(metrics: dict[str, float], run: Run) -> None:
 
 
 def iteration_metrics(
-    batch: Any, update_metrics: list[Any], progress: Progress
+    batch: Any, update_metrics: list[Any], progress: Progress, policy_version: int
 ) -> dict[str, float]:
-    """Scalars of one iteration: mean update losses, finished training episodes, counters."""
+    """Scalars of one iteration: mean update losses, finished training episodes, counters,
+    and how many weight pushes behind the learner the batch's stalest frame was."""
     metrics: dict[str, float] = {"iteration": progress.iterations, "updates": progress.updates}
+    if ("next", "policy_version") in batch.keys(include_nested=True):
+        # TorchRL writes the version with the env's output: the version a frame's action was
+        # taken with is the one written by the step that frame made, under "next".
+        acted_with = batch["next", "policy_version"]
+        metrics["collector/policy_lag"] = policy_version - int(acted_with.min())
     if update_metrics:
         means = torch.stack(update_metrics).float().mean(dim=0)
         metrics.update({f"train/{name}": value.item() for name, value in means.items()})

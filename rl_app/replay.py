@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from tensordict import TensorDictBase
 from torchrl.data import (
     LazyMemmapStorage,
     PrioritizedSampler,
@@ -13,6 +14,7 @@ from torchrl.data import (
     RandomSampler,
     SliceSampler,
     TensorDictReplayBuffer,
+    TensorDictRoundRobinWriter,
 )
 from torchrl.data.replay_buffers.samplers import Sampler
 
@@ -51,7 +53,23 @@ def make_replay_buffer(
     return TensorDictReplayBuffer(
         storage=LazyMemmapStorage(replay.capacity, scratch_dir=scratch_dir, device=replay.device),
         sampler=make_sampler(replay),
+        # Each slot counts its overwrites, so late priorities can be told from fresh ones.
+        writer=TensorDictRoundRobinWriter(track_generations=True),
         priority_key=PRIORITY_KEY,
         batch_size=batch_size,
         generator=generator,
     )
+
+
+def write_priorities(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> int:
+    """Write the priorities an update computed for ``sample`` (under ``PRIORITY_KEY``) into
+    the buffer, for the records still there; return how many were dropped.
+
+    A record overwritten since it was sampled (the ring buffer wrapped, or a worker's data
+    landed in between) keeps its own priority: its slot's generation no longer matches the
+    one the sample captured. Samplers without priorities ignore the write."""
+    index = sample["index"].reshape(len(sample), -1)[:, 0]
+    generation = sample["index_generation"].reshape(len(sample), -1)[:, 0]
+    live = buffer.writer.generations_of(index) == generation
+    buffer.update_tensordict_priority(sample[live])
+    return int((~live).sum())

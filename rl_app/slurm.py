@@ -37,7 +37,6 @@ import submitit
 import yaml
 
 from rl_app.config import CHECKPOINTS_DIR, CONFIG_FILE, Config, ConfigError, load_config, to_yaml
-from rl_app.interrupts import StopRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES_DIR = ROOT / "slurm" / "profiles"
@@ -359,16 +358,11 @@ class TrainJob:
 
     def _usr2_handler(self, submitit_handler: Callable[..., Any]) -> Callable[..., None]:
         def on_usr2(signum: int, frame: Any) -> None:
-            # Inside the loop, hand USR2 to its stop request (found as the SIGTERM handler,
-            # which it installs), so that it saves at the next iteration boundary. A
-            # StopRequest that listens to USR2 itself replaces this handler during the loop.
-            # Outside the loop (starting up, closing down) nothing is in flight: let
-            # submitit requeue at once; the run resumes from its newest checkpoint.
-            loop_handler = signal.getsignal(signal.SIGTERM)
-            if isinstance(getattr(loop_handler, "__self__", None), StopRequest):
-                loop_handler(signum, frame)
-            else:
-                self._requeue(submitit_handler, frames=None)
+            # The training loop replaces this handler with its own while it runs, and saves
+            # at the next iteration boundary. Outside the loop (starting up, closing down)
+            # nothing is in flight: requeue at once; the run resumes from its newest
+            # checkpoint.
+            self._requeue(submitit_handler, frames=None)
 
         return on_usr2
 

@@ -1,0 +1,230 @@
+"""Multi-process and asynchronous collection on real worker processes: the policy workers
+act with is the one the learner sent, slices never mix workers' trajectories, late
+priorities never land on new records, and a failing worker takes nobody down with it."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rl_app.algorithms import PRIORITY_KEY, make_algorithm
+from rl_app.collection import WeightSync, decide_devices, make_collector
+from rl_app.config import ReplayConfig
+from rl_app.envs import make_env
+from rl_app.logger import read_metrics
+from rl_app.loop import Progress, RunFailed, iteration_metrics, train
+from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, write_priorities
+from tests import faulty_envs
+
+# Batches of 130 frames straddle episode ends (200 steps) for the first 2,600 frames of a
+# worker, so consecutive batches of one worker share a trajectory.
+MP_RUN = ["collector.workers=2", "collector.init_random_frames=0", "collector.frames_per_batch=130"]
+
+
+def child_processes() -> set[int]:
+    """Live child processes of this process (the multiprocessing resource tracker aside)."""
+    children = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        state = stat.rsplit(")", 1)[1].split()[0]
+        if parent == os.getpid() and state != "Z" and b"resource_tracker" not in cmdline:
+            children.add(int(entry.name))
+    return children
+
+
+def group_by_worker(batches: list[TensorDict]) -> list[list[int]]:
+    """Indices of the batches each worker collected: a trajectory is played by one worker,
+    so batches that share a trajectory id share a worker."""
+    groups: list[tuple[set[int], list[int]]] = []  # (trajectory ids, batch indices)
+    for index, batch in enumerate(batches):
+        ids = set(batch[TRAJECTORY_KEY].unique().tolist())
+        touching = [group for group in groups if group[0] & ids]
+        merged = (
+            ids.union(*(g[0] for g in touching)),
+            [index, *(i for g in touching for i in g[1])],
+        )
+        groups = [group for group in groups if all(group is not t for t in touching)] + [merged]
+    return [sorted(indices) for _, indices in groups]
+
+
+def actor_outputs(policy, weights, observation: torch.Tensor) -> TensorDict:
+    """loc/scale the actor computes with ``weights`` on ``observation``."""
+    copy_ = copy.deepcopy(policy)
+    copy_.load_state_dict(weights)
+    with torch.no_grad():
+        return copy_.module[0](TensorDict({"observation": observation}, observation.shape[:1]))
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_workers_act_with_the_weights_the_learner_sent(tiny_config, mode: str) -> None:
+    config = tiny_config(f"collector.mode={mode}", *MP_RUN)
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    try:
+        weight_sync = WeightSync(
+            collector, algorithm, config.env.name
+        )  # version 1: the learner's initial weights
+        snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
+        batches = []
+        for index, batch in enumerate(collector):
+            batches.append(batch.reshape(-1) if mode == "sync" else batch)
+            if index == 5:
+                with torch.no_grad():  # the learner moves on; workers must not see it yet
+                    for parameter in algorithm.policy.parameters():
+                        parameter.add_(0.05 * torch.randn_like(parameter))
+            if index == 9:
+                weight_sync.push()  # version 2
+                snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
+            if index == 19:
+                break
+    finally:
+        collector.shutdown()
+
+    data = torch.cat(batches)
+    acted = actor_version(data, snapshots, algorithm.policy)
+    # Whole snapshots only: never a blend of two versions, never weights that were not sent.
+    assert (acted >= 1).all(), f"{int((acted == 0).sum())} frames match no sent snapshot"
+    # Until the push, workers kept the first snapshot although the learner had moved on.
+    pushed_at = sum(len(batch) for batch in batches[:10])
+    assert (acted[:pushed_at] == 1).all()
+    assert (acted[pushed_at:] == 2).any()
+
+    # The version TorchRL writes with each step (under "next") names the weights the
+    # action was taken with. Async workers receive weights in the background, and the
+    # version number follows the weights within a frame or so.
+    tags = data["next", "policy_version"]
+    if mode == "sync":
+        assert torch.equal(tags, acted)
+    else:
+        assert (tags == acted).float().mean() > 0.99
+
+    # Every worker acted with both versions, and never went back to the old one.
+    if mode == "sync":
+        rows = [[b.view(2, -1)[worker] for b in batches] for worker in range(2)]
+    else:
+        rows = [[batches[i] for i in group] for group in group_by_worker(batches)]
+    assert len(rows) == 2
+    for row in rows:
+        versions = torch.cat([actor_version(b, snapshots, algorithm.policy) for b in row])
+        assert set(versions.tolist()) == {1, 2}
+        assert (versions.diff() >= 0).all()
+
+
+def actor_version(batch: TensorDict, snapshots: dict, policy) -> torch.Tensor:
+    """The snapshot version each frame of ``batch`` acted with (0: none). The actor's
+    loc/scale are a function of the observation and the weights: recompute them with
+    every snapshot."""
+    acted = torch.zeros(len(batch), dtype=torch.long)
+    for version, weights in snapshots.items():
+        expected = actor_outputs(policy, weights, batch["observation"])
+        same = ((batch["loc"] - expected["loc"]).abs() < 1e-5).squeeze(-1)
+        same &= ((batch["scale"] - expected["scale"]).abs() < 1e-5).squeeze(-1)
+        acted[same] = version
+    return acted
+
+
+def test_policy_lag_is_learner_version_minus_the_stalest_frame() -> None:
+    batch = TensorDict(
+        {
+            ("next", "policy_version"): torch.tensor([3, 3, 2, 3]),
+            ("next", "done"): torch.zeros(4, 1, dtype=torch.bool),
+            ("next", "episode_reward"): torch.zeros(4, 1),
+        },
+        [4],
+    )
+    assert iteration_metrics(batch, [], Progress(), policy_version=5)["collector/policy_lag"] == 3
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_training_with_workers_logs_policy_lag_and_leaves_no_process(tiny_config, mode) -> None:
+    before = child_processes()
+    config = tiny_config(f"collector.mode={mode}", "collector.workers=2", "collector.sync_every=2")
+    train(config)
+    rows = read_metrics(Path(config.run_dir))
+    assert [row["frames"] for row in rows] == list(range(200, 1201, 200))
+    lags = [row["collector/policy_lag"] for row in rows]
+    assert all(lag >= 0 for lag in lags)
+    if mode == "sync":
+        # Pushes every second iteration, and a sync batch is gathered before the push that
+        # follows it: never more than two pushes behind.
+        assert max(lags) <= 2
+    assert child_processes() == before
+
+
+def test_slices_from_two_workers_never_mix_trajectories(tiny_config, tmp_path: Path) -> None:
+    config = tiny_config("collector.mode=sync", *MP_RUN)
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    buffer = make_replay_buffer(ReplayConfig(capacity=5_000, slice_len=8), 256, tmp_path, seed=0)
+    try:
+        WeightSync(collector, algorithm, config.env.name)
+        for index, batch in enumerate(collector):
+            # (workers, frames): each worker's frames stay contiguous in the buffer
+            buffer.extend(batch.reshape(-1))
+            if index == 29:
+                break
+    finally:
+        collector.shutdown()
+    stored = buffer[:]
+    per_worker = stored.view(30, 2, 65)[:, :, 0][TRAJECTORY_KEY]
+    assert not set(per_worker[:, 0].tolist()) & set(per_worker[:, 1].tolist())  # ids are unique
+    for _ in range(100):
+        slices = buffer.sample().reshape(32, 8)
+        assert (slices[TRAJECTORY_KEY] == slices[TRAJECTORY_KEY][:, :1]).all()
+        assert (slices["step_count"].squeeze(-1).diff(dim=1) == 1).all()
+
+
+def test_priorities_for_overwritten_records_are_dropped(tmp_path: Path) -> None:
+    buffer = make_replay_buffer(
+        ReplayConfig(capacity=400, slice_len=8, alpha=1.0), 64, tmp_path, seed=0
+    )
+    play = TensorDict(
+        {
+            "observation": torch.arange(600.0).unsqueeze(-1),
+            TRAJECTORY_KEY: torch.arange(600) // 100,
+            ("next", "done"): (torch.arange(600) % 100 == 99).unsqueeze(-1),
+        },
+        [600],
+    )
+    buffer.extend(play[:400])
+    sample = buffer.sample()
+    buffer.extend(play[400:600])  # wraps: slots 0-199 now hold new records
+    sample[PRIORITY_KEY] = torch.full((64,), 1_000.0)
+    dropped = write_priorities(buffer, sample)
+
+    index = sample["index"].reshape(64, -1)[:, 0]
+    overwritten = index < 200
+    assert dropped == int(overwritten.sum()) and 0 < dropped < 64
+    priorities = buffer.sampler.state_dict()["_sum_tree"]
+    fresh = torch.tensor([priorities[int(i)] for i in index[~overwritten]])
+    renewed = torch.tensor([priorities[int(i)] for i in range(200)])
+    assert torch.allclose(fresh, torch.tensor(1_000.0))  # the live records took the update
+    assert (renewed < 1_000.0).all()  # the new records keep their own priorities
+
+
+def test_a_failing_worker_stops_the_run_cleanly(tiny_config) -> None:
+    before = child_processes()
+    config = tiny_config(
+        f"env.name=tests.faulty_envs:{faulty_envs.RAISES_AT_1100}",
+        "collector.mode=async",
+        "collector.workers=2",
+        "collector.total_frames=4000",
+    )
+    with pytest.raises(RunFailed, match=r"collector worker \d \(env .*RaisingPendulum") as failure:
+        train(config)
+    message = str(failure.value)
+    assert "stopped with exit code 1" in message
+    assert "checkpoint-000000000800" in message
+    assert child_processes() == before
