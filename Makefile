@@ -22,8 +22,8 @@ test: venv ## The whole suite, learning checks included; starts the local SLURM 
 		echo "local SLURM cluster not started (reason above): slurm tests skip (fail when CI is set)"
 	$(PY) -m pytest -rs $(PYTEST_ARGS)
 
-test-fast: venv ## Everything but the minutes-long learning checks
-	$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+test-fast: venv ## Everything but the minutes-long learning checks and the SLURM cluster tests
+	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
 
 bench: venv ## Throughput and the time split of an iteration, written to the run directory
 	$(PY) -m rl_app.bench $(ARGS)

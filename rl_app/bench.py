@@ -5,7 +5,10 @@ Sections, each measured in the same process, one after the other:
   ``ARGS="collector.total_frames=..."``): environment frames/s, updates/s and the mean
   time per iteration of each phase of the loop;
 - checkpoint: save, verify-and-load time and size with a 100k-transition Pendulum buffer,
-  and checkpointing's share of training time at the default evaluation interval.
+  and checkpointing's share of training time at the default evaluation interval;
+- collection: frames/s of the direct, sync and async collectors (1 and 2 workers) acting
+  with the SAC actor, next to the raw Gymnasium step rate of the same env (the ceiling),
+  and each mode's end-to-end training frames/s at the default update-to-data ratio.
 
 Not part of the test suite: timings depend on the machine and on what else runs on it.
 """
@@ -19,11 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
+from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import disk_size, verify_checkpoint
+from rl_app.collection import WeightSync, decide_devices, make_collector
 from rl_app.config import Config, ConfigError, load_config
 from rl_app.envs import make_env
 from rl_app.loop import build_run, train
@@ -91,6 +97,66 @@ def bench_checkpoint(config: Config, directory: Path) -> dict[str, Any]:
         run.close()
 
 
+COLLECTION_MODES = [("direct", 1), ("sync", 1), ("sync", 2), ("async", 1), ("async", 2)]
+COLLECTION_FRAMES = 4_000
+MODE_TRAINING_FRAMES = 2_000
+
+
+def raw_gym_steps_per_second(env_name: str, steps: int = 10_000) -> float:
+    """Gymnasium alone, random actions: what no collector can beat."""
+    env = gym.make(env_name)
+    env.reset(seed=0)
+    started = time.perf_counter()
+    for _ in range(steps):
+        _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+        if terminated or truncated:
+            env.reset()
+    return steps / (time.perf_counter() - started)
+
+
+def collector_frames_per_second(config: Config) -> float:
+    """Frames/s of the collector ``config`` describes, acting with a fresh SAC actor; the
+    clock starts after the first batch (process start-up is not collection)."""
+    algorithm = make_algorithm(config, make_env(config.env, config.seed), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    try:
+        WeightSync(collector, algorithm, config.env.name)
+        frames, started = 0, None
+        for batch in collector:
+            if started is None:
+                started = time.perf_counter()
+                continue
+            frames += batch.numel()
+            if frames >= COLLECTION_FRAMES:
+                return frames / (time.perf_counter() - started)
+    finally:
+        collector.shutdown()
+    raise AssertionError("unreachable: collectors run until stopped")
+
+
+def bench_collection(overrides: list[str], run_dir: Path) -> dict[str, Any]:
+    report: dict[str, Any] = {"raw_gym_steps_per_second": raw_gym_steps_per_second("Pendulum-v1")}
+    for mode, workers in COLLECTION_MODES:
+        name = f"{mode}-{workers}" if mode != "direct" else mode
+        mode_overrides = [
+            *overrides, f"collector.mode={mode}", f"collector.workers={workers}",
+            f"run_dir={run_dir / name}", "collector.init_random_frames=0",
+        ]  # fmt: skip
+        collect_fps = collector_frames_per_second(load_config("default", mode_overrides))
+        training = load_config(
+            "default",
+            [*mode_overrides, f"collector.total_frames={MODE_TRAINING_FRAMES}",
+             f"run_dir={run_dir / (name + '-training')}", "eval.interval_frames=1000000"],
+        )  # fmt: skip
+        started = time.perf_counter()
+        result = train(training)
+        report[name] = {
+            "collector_frames_per_second": collect_fps,
+            "training_frames_per_second": result.frames / (time.perf_counter() - started),
+        }
+    return report
+
+
 def main(argv: list[str]) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     overrides = [f"collector.total_frames={BENCH_FRAMES}", "logger.backend=none", *argv]
@@ -115,6 +181,10 @@ def main(argv: list[str]) -> int:
     report["checkpoint"] = bench_checkpoint(
         load_config("default", overrides), run_dir / "checkpoint-bench"
     )
+    base = [
+        item for item in overrides if not item.startswith(("run_dir=", "collector.total_frames="))
+    ]
+    report["collection"] = bench_collection(base, run_dir / "collection")
     (run_dir / "bench.json").write_text(json.dumps(report, indent=2))
 
     training, checkpoint = report["training"], report["checkpoint"]
@@ -131,6 +201,14 @@ def main(argv: list[str]) -> int:
     print(f"save: {checkpoint['save_seconds']:.2f} s")
     print(f"verify + load: {checkpoint['verify_and_load_seconds']:.2f} s")
     print(f"size: {checkpoint['size_mb']:.1f} MB")
+    collection = dict(report["collection"])
+    raw = collection.pop("raw_gym_steps_per_second")
+    print(f"\n== collection on Pendulum-v1 (raw Gymnasium steps/s: {raw:.0f})")
+    print(f"  {'mode':<10} {'collector frames/s':>19} {'of raw':>7} {'training frames/s':>18}")
+    for name, rates in collection.items():
+        collect = rates["collector_frames_per_second"]
+        training_fps = rates["training_frames_per_second"]
+        print(f"  {name:<10} {collect:19.0f} {collect / raw:7.1%} {training_fps:18.1f}")
     print(f"\nresults: {run_dir / 'bench.json'}")
     return 0
 
