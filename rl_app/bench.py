@@ -39,7 +39,7 @@ BENCH_FRAMES = 6_000
 CHECKPOINT_BUFFER = 100_000
 PHASES = (
     "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
-    "syncing weights", "evaluating", "logging", "saving a checkpoint",
+    "checking metrics", "syncing weights", "evaluating", "logging", "saving a checkpoint",
 )  # fmt: skip
 
 

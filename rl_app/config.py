@@ -327,6 +327,8 @@ def validate(config: Config) -> None:
         ("collector.frames_per_batch", config.collector.frames_per_batch),
         ("collector.sync_every", config.collector.sync_every),
         ("collector.workers", config.collector.workers),
+        ("dqn.eps_annealing_frames", config.dqn.eps_annealing_frames),
+        ("dqn.target_update_interval", config.dqn.target_update_interval),
         ("optim.lr", config.optim.lr),
         ("optim.batch_size", config.optim.batch_size),
         ("optim.utd_ratio", config.optim.utd_ratio),
@@ -345,10 +347,13 @@ def validate(config: Config) -> None:
         ("replay.beta", config.replay.beta),
     ]:
         positive(key, value, allow_zero=True)
-    if not 0 <= config.optim.gamma <= 1:
-        raise ConfigError(
-            f"optim.gamma={config.optim.gamma!r} is out of range: it must be in [0, 1]"
-        )
+    for key, value in [
+        ("optim.gamma", config.optim.gamma),
+        ("dqn.eps_start", config.dqn.eps_start),
+        ("dqn.eps_end", config.dqn.eps_end),
+    ]:
+        if not 0 <= value <= 1:
+            raise ConfigError(f"{key}={value!r} is out of range: it must be in [0, 1]")
     if not config.network.hidden_sizes or min(config.network.hidden_sizes) <= 0:
         raise ConfigError(
             f"network.hidden_sizes={config.network.hidden_sizes!r} is out of range: "

@@ -33,6 +33,8 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
         (["--config", "no_such_preset"], "no_such_preset"),
         (["optim.lr"], "optim.lr"),
         (["algo=dqn"], "use algo=sac"),
+        (["dqn.eps_end=1.5"], "dqn.eps_end"),
+        (["collector.mode=sync", "collector.workers=3"], "collector.frames_per_batch"),
         (["--config", "dqn_cartpole", "algo=sac"], "use algo=dqn"),
     ],
 )
