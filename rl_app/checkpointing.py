@@ -149,7 +149,8 @@ class RunCheckpoints:
         return self.rotation.best()
 
     def load(self, path: Path) -> CheckpointLoadResult:
-        """Restore every bound component from ``path`` (verify it first)."""
+        """Restore every bound component from ``path`` (:func:`choose_checkpoint` picks a
+        verified one)."""
         return self.checkpoint.load(path)
 
 
@@ -158,8 +159,8 @@ def checkpoint_candidates(directory: Path) -> list[Path]:
     return sorted(directory.glob("checkpoint-*"), key=lambda path: path.name, reverse=True)
 
 
-def choose_checkpoint(directory: Path) -> tuple[Path, list[str]]:
-    """The newest checkpoint that verifies, and why each newer one was passed over.
+def choose_checkpoint(directory: Path) -> tuple[Path, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies, and each newer one passed over with the reason.
 
     Raises :class:`CorruptCheckpoint` when none verifies. Reads only."""
     passed_over = []
@@ -167,8 +168,8 @@ def choose_checkpoint(directory: Path) -> tuple[Path, list[str]]:
         try:
             verify_checkpoint(path)
         except CorruptCheckpoint as why:
-            passed_over.append(f"{path.name}: {why}")
+            passed_over.append((path, str(why)))
             continue
         return path, passed_over
-    detail = "; ".join(passed_over) or "none found"
+    detail = "; ".join(f"{path.name}: {why}" for path, why in passed_over) or "none found"
     raise CorruptCheckpoint(f"no usable checkpoint in {directory} ({detail})")

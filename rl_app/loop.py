@@ -220,10 +220,11 @@ def find_resume_point(run_dir: Path) -> Path:
         chosen, passed_over = choose_checkpoint(run_dir / CHECKPOINTS_DIR)
     except CorruptCheckpoint as error:
         raise RunFailed(f"cannot resume: {error}") from None
-    for reason in passed_over:
-        name = reason.split(":")[0]
-        log.warning("checkpoint %s is unusable, falling back to %s", reason, chosen.name)
-        (run_dir / CHECKPOINTS_DIR / name).rename(run_dir / CHECKPOINTS_DIR / f"corrupt-{name}")
+    for damaged, why in passed_over:
+        log.warning(
+            "checkpoint %s is unusable: %s; falling back to %s", damaged.name, why, chosen.name
+        )
+        damaged.rename(damaged.with_name(f"corrupt-{damaged.name}"))
     return chosen
 
 

@@ -398,8 +398,10 @@ def show_run_log() -> None:
 
 def newest_checkpoint_frames(run_dir: Path) -> int:
     """Frames of the newest checkpoint, the one a resume starts from (0: a fresh start)."""
-    names = sorted(path.name for path in (run_dir / CHECKPOINTS_DIR).glob("checkpoint-*"))
-    return int(names[-1].split("-")[1]) if names else 0
+    from rl_app.checkpointing import checkpoint_candidates  # torchrl: in the job only
+
+    newest = checkpoint_candidates(run_dir / CHECKPOINTS_DIR)
+    return int(newest[0].name.split("-")[1]) if newest else 0
 
 
 def job_id() -> str | None:
