@@ -54,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     if config.launcher == "slurm":
         return submit_to_slurm(args.config, args.overrides, config)
 
+    from rl_app.slurm import check_collection_jobs
+
+    try:
+        check_collection_jobs(config)  # distributed mode submits jobs: ask the cluster first
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from rl_app.loop import RunFailed, train  # heavy imports only once the config is known good
 

@@ -6,8 +6,9 @@ Sections, each measured in the same process, one after the other:
   time per iteration of each phase of the loop;
 - checkpoint: save, verify-and-load time and size with a 100k-transition Pendulum buffer,
   and checkpointing's share of training time at the default evaluation interval;
-- collection: frames/s of the direct, sync and async collectors (1 and 2 workers) acting
-  with the SAC actor, next to the raw Gymnasium step rate of the same env (the ceiling),
+- collection: frames/s of the direct, sync and async collectors (1 and 2 workers) and of
+  1 and 2 SLURM collection jobs (distributed, when SLURM is here) acting with the SAC
+  actor, next to the raw Gymnasium step rate of the same env (the ceiling),
   and each mode's end-to-end training frames/s at the default update-to-data ratio.
 
 Not part of the test suite: timings depend on the machine and on what else runs on it.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import platform
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -97,7 +99,19 @@ def bench_checkpoint(config: Config, directory: Path) -> dict[str, Any]:
         run.close()
 
 
-COLLECTION_MODES = [("direct", 1), ("sync", 1), ("sync", 2), ("async", 1), ("async", 2)]
+# Each collector measured: its name and its settings ("distributed-N": N SLURM jobs).
+COLLECTION_MODES = {
+    "direct": ["collector.mode=direct"],
+    **{
+        f"{mode}-{workers}": [f"collector.mode={mode}", f"collector.workers={workers}"]
+        for mode in ("sync", "async")
+        for workers in (1, 2)
+    },
+    **{
+        f"distributed-{jobs}": ["collector.mode=distributed", f"collector.nodes={jobs}"]
+        for jobs in (1, 2)
+    },
+}
 COLLECTION_FRAMES = 4_000
 MODE_TRAINING_FRAMES = 2_000
 
@@ -136,11 +150,12 @@ def collector_frames_per_second(config: Config) -> float:
 
 def bench_collection(overrides: list[str], run_dir: Path) -> dict[str, Any]:
     report: dict[str, Any] = {"raw_gym_steps_per_second": raw_gym_steps_per_second("Pendulum-v1")}
-    for mode, workers in COLLECTION_MODES:
-        name = f"{mode}-{workers}" if mode != "direct" else mode
+    for name, settings in COLLECTION_MODES.items():
+        if name.startswith("distributed") and shutil.which("sbatch") is None:
+            report[name] = "not measured: no SLURM here (make slurm-up starts a local cluster)"
+            continue
         mode_overrides = [
-            *overrides, f"collector.mode={mode}", f"collector.workers={workers}",
-            f"run_dir={run_dir / name}", "collector.init_random_frames=0",
+            *overrides, *settings, f"run_dir={run_dir / name}", "collector.init_random_frames=0",
         ]  # fmt: skip
         collect_fps = collector_frames_per_second(load_config("default", mode_overrides))
         training = load_config(
@@ -206,6 +221,9 @@ def main(argv: list[str]) -> int:
     print(f"\n== collection on Pendulum-v1 (raw Gymnasium steps/s: {raw:.0f})")
     print(f"  {'mode':<10} {'collector frames/s':>19} {'of raw':>7} {'training frames/s':>18}")
     for name, rates in collection.items():
+        if isinstance(rates, str):
+            print(f"  {name:<10} {rates}")
+            continue
         collect = rates["collector_frames_per_second"]
         training_fps = rates["training_frames_per_second"]
         print(f"  {name:<10} {collect:19.0f} {collect / raw:7.1%} {training_fps:18.1f}")

@@ -1,12 +1,13 @@
 """Collection: where everything runs, the TorchRL collector that feeds the buffer, and how
 the learner's weights reach it.
 
-Three topologies, all TorchRL collectors the loop iterates the same way:
+Four topologies, all TorchRL collectors the loop iterates the same way:
 - ``direct``: one env stepped in the learner's process, acting with the learner's policy;
 - ``sync``: ``MultiSyncCollector``, each batch gathered from every worker process;
 - ``async``: ``MultiAsyncCollector``, workers keep collecting while the learner updates,
-  each batch from whichever worker is ready.
-Worker processes build env and policy from picklable factories and act with a snapshot of
+  each batch from whichever worker is ready;
+- ``distributed``: SLURM jobs, each batch gathered from every job (:mod:`rl_app.distributed`).
+Worker processes and jobs build env and policy from picklable factories and act with a snapshot of
 the learner's weights that changes only when :class:`WeightSync` pushes a new one.
 """
 
@@ -26,6 +27,7 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 
 from rl_app.algorithms import Algorithm
 from rl_app.config import Config
+from rl_app.distributed import make_collection_jobs
 from rl_app.envs import env_factory
 
 # Worker i's env is seeded with seed + i * WORKER_SEED_STRIDE: distinct, reproducible episodes.
@@ -80,6 +82,8 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
             init_random_frames=settings.init_random_frames,
             **common,
         )
+    if settings.mode == "distributed":
+        return make_collection_jobs(config, algorithm.policy_factory(), devices)
     collector = Collector(
         [
             env_factory(config.env, config.seed + worker * WORKER_SEED_STRIDE)

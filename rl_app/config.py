@@ -72,8 +72,23 @@ class CollectorConfig:
     total_frames: int = setting(20_000, "environment frames to train for")
     frames_per_batch: int = setting(200, "frames collected per training iteration")
     init_random_frames: int = setting(1_000, "frames of uniform random actions before learning")
-    mode: str = setting("direct", "direct (in-process) | sync | async (worker processes)")
-    workers: int = setting(2, "worker processes (sync and async modes)")
+    mode: str = setting(
+        "direct",
+        "direct (in-process) | sync | async (worker processes) | distributed (SLURM jobs)",
+    )
+    workers: int = setting(
+        2, "worker processes (sync and async modes; distributed: one env per job, see nodes)"
+    )
+    nodes: int = setting(2, "collection jobs submitted to SLURM, one env each (distributed)")
+    address: str | None = setting(
+        None, "address collection jobs reach the learner at (distributed; unset: this host's)"
+    )
+    port: int | None = setting(
+        None, "learner's rendezvous TCP port (distributed; unset: a free one; uses port+1 too)"
+    )
+    connect_timeout_s: int = setting(
+        600, "how long collection jobs may take to start and join (distributed mode)"
+    )
     device: str = setting("cpu", "where worker processes run the policy: cpu | cuda")
     sync_every: int = setting(1, "push learner weights to the workers every N iterations")
 
@@ -150,6 +165,16 @@ class SlurmConfig:
     signal_delay_s: int | None = setting(None, "USR2 this long before the time limit")
     max_requeues: int | None = setting(None, "preemptions/timeouts a job may be requeued for")
     array: str | None = setting(None, "one job per value of one key, e.g. seed=1,2,3")
+    collector_partition: str | None = setting(
+        None, "partition of collection jobs (collector.mode=distributed; unset: the job's)"
+    )
+    collector_cpus_per_task: int | None = setting(
+        None, "CPUs of each collection job (unset: collector.workers + 1)"
+    )
+    collector_mem_gb: int | None = setting(None, "memory of each collection job in GB")
+    collector_time_min: int | None = setting(
+        None, "time limit of collection jobs in minutes (unset: the job's)"
+    )
 
 
 @dataclass
@@ -177,7 +202,7 @@ class Config:
 LAUNCHERS = ("local", "slurm")
 # Each algorithm and the action space it needs.
 ALGORITHM_ACTIONS = {"sac": "continuous", "dqn": "discrete"}
-COLLECTOR_MODES = ("direct", "sync", "async")
+COLLECTOR_MODES = ("direct", "sync", "async", "distributed")
 SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
 LOGGER_BACKENDS = ("none", "csv", "wandb", "tensorboard")
 
@@ -327,6 +352,8 @@ def validate(config: Config) -> None:
         ("collector.frames_per_batch", config.collector.frames_per_batch),
         ("collector.sync_every", config.collector.sync_every),
         ("collector.workers", config.collector.workers),
+        ("collector.nodes", config.collector.nodes),
+        ("collector.connect_timeout_s", config.collector.connect_timeout_s),
         ("dqn.eps_annealing_frames", config.dqn.eps_annealing_frames),
         ("dqn.target_update_interval", config.dqn.target_update_interval),
         ("optim.lr", config.optim.lr),
@@ -364,14 +391,7 @@ def validate(config: Config) -> None:
             f"collector.total_frames={config.collector.total_frames} is out of range: "
             f"it must be at least collector.frames_per_batch={config.collector.frames_per_batch}"
         )
-    if (
-        config.collector.mode == "sync"
-        and config.collector.frames_per_batch % config.collector.workers
-    ):
-        raise ConfigError(
-            f"collector.frames_per_batch={config.collector.frames_per_batch} is not accepted: "
-            f"in sync mode it is split evenly among collector.workers={config.collector.workers}"
-        )
+    check_batch_split(config.collector)
     if config.optim.batch_size > config.replay.capacity:
         raise ConfigError(
             f"optim.batch_size={config.optim.batch_size} is out of range: "
@@ -397,6 +417,26 @@ def validate(config: Config) -> None:
             raise ConfigError(
                 f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
                 f"sampler it must be a multiple of replay.slice_len={config.replay.slice_len}"
+            )
+
+
+def check_batch_split(collector: CollectorConfig) -> None:
+    """Sync and distributed batches are gathered evenly from every worker."""
+    if collector.mode == "sync" and collector.frames_per_batch % collector.workers:
+        raise ConfigError(
+            f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: "
+            f"in sync mode it is split evenly among collector.workers={collector.workers}"
+        )
+    if collector.mode == "distributed":
+        if collector.frames_per_batch % collector.nodes:
+            raise ConfigError(
+                f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: in "
+                f"distributed mode it is split evenly among collector.nodes={collector.nodes}"
+            )
+        if collector.port is not None and not 1024 <= collector.port <= 65534:
+            raise ConfigError(
+                f"collector.port={collector.port} is out of range: give 1024..65534 "
+                "(the learner listens on port and port+1), or leave it unset for a free one"
             )
 
 

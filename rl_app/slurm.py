@@ -45,8 +45,9 @@ JOB_DIR = "slurm"
 ATTEMPTS_FILE = "attempts.jsonl"
 # Inside the parent directory of a job array: one line per task.
 ARRAY_SUMMARY = "array.tsv"
-# slurm.* keys that are not cluster settings.
-NOT_IN_PROFILES = ("profile", "array")
+# slurm.* keys that are not the training job's cluster settings.
+NOT_IN_PROFILES = ("profile", "array", "collector_partition", "collector_cpus_per_task",
+                   "collector_mem_gb", "collector_time_min")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,33 @@ def job_settings(slurm: Any) -> JobSettings:
     settings = JobSettings(**{**profile, **overrides})
     check_settings(settings, source=f"slurm.profile={slurm.profile}")
     return settings
+
+
+def collection_job_settings(slurm: Any) -> JobSettings:
+    """What each collection job asks for (``collector.mode=distributed``): the training
+    job's settings with ``slurm.collector_*`` laid over them, no GPU, no requeue (a
+    resumed learner submits fresh collection jobs)."""
+    collector_overrides = {
+        "partition": slurm.collector_partition,
+        "cpus_per_task": slurm.collector_cpus_per_task,
+        "mem_gb": slurm.collector_mem_gb,
+        "time_min": slurm.collector_time_min,
+    }
+    settings = dataclasses.replace(
+        job_settings(slurm),
+        gpus_per_node=0,
+        signal_delay_s=0,
+        max_requeues=0,
+        **{key: value for key, value in collector_overrides.items() if value is not None},
+    )
+    check_settings(settings, source="slurm.collector_*")
+    return settings
+
+
+def check_collection_jobs(config: Config) -> None:
+    """In distributed mode, refuse collection jobs the cluster would refuse."""
+    if config.collector.mode == "distributed":
+        check_cluster(collection_job_settings(config.slurm))
 
 
 def check_settings(settings: JobSettings, source: str) -> None:
@@ -247,6 +275,7 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
     or one job array when ``slurm.array`` is set. Raises :class:`ConfigError`."""
     settings = job_settings(config.slurm)
     check_cluster(settings)
+    check_collection_jobs(config)
     if config.slurm.array is None:
         config = dataclasses.replace(config, run_dir=str(Path(config.run_dir).resolve()))
         tasks = [("", config)]

@@ -36,6 +36,8 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
         (["dqn.eps_end=1.5"], "dqn.eps_end"),
         (["collector.mode=sync", "collector.workers=3"], "collector.frames_per_batch"),
         (["--config", "dqn_cartpole", "algo=sac"], "use algo=dqn"),
+        (["collector.mode=distributed", "collector.nodes=3"], "collector.frames_per_batch"),
+        (["collector.mode=distributed", "collector.port=80"], "collector.port"),
     ],
 )
 def test_bad_input_exits_2_naming_the_key_and_creates_nothing(

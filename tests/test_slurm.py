@@ -20,30 +20,11 @@ import pytest
 
 from rl_app.logger import read_metrics
 from rl_app.slurm import read_array_summary, read_attempts
-from tests.conftest import PYTHON, ROOT, TINY_RUN, TRAIN_PY
+from tests.conftest import PYTHON, TINY_RUN, TRAIN_PY
 
 pytestmark = pytest.mark.slurm
 
-UP_SCRIPT = ROOT / "slurm" / "local-cluster" / "up.sh"
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
-
-
-@pytest.fixture(scope="session")
-def slurm_cluster() -> None:
-    """The local cluster, started (or found running) once per session."""
-    try:
-        started = subprocess.run(
-            ["bash", str(UP_SCRIPT)], capture_output=True, text=True, timeout=900
-        )
-        reason = (started.stderr.strip() or started.stdout.strip()).splitlines()[-1:]
-        failed = started.returncode != 0
-    except (OSError, subprocess.TimeoutExpired) as error:
-        reason, failed = [str(error)], True
-    if failed:
-        message = f"local SLURM cluster could not start: {' '.join(reason) or 'no reason given'}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
 
 
 @pytest.fixture
@@ -210,6 +191,33 @@ def test_usr2_twice_saves_at_a_boundary_requeues_and_resumes_exactly(
     wandb_runs = list((run_dir / "logs" / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 3
     assert len({path.name.rsplit("-", 1)[1] for path in wandb_runs}) == 1
+
+
+def test_a_preempted_learner_ends_its_collection_job_and_resumes_with_a_fresh_one(
+    launch, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    # The learner job and one collection job: one CPU each on the two-core test cluster.
+    (job_id,) = launch(
+        run_dir,
+        "collector.total_frames=4000",
+        "collector.mode=distributed",
+        "collector.nodes=1",
+        "collector.address=127.0.0.1",
+    )
+
+    def collection_jobs() -> set[str]:
+        return {path.name.split("_")[0] for path in run_dir.glob("slurm/collectors/*.pkl")}
+
+    wait_for("a checkpoint", lambda: any((run_dir / "checkpoints").glob("c*")), 120, job_id)
+    (first,) = collection_jobs()
+    frames, _ = preempt(job_id, run_dir, restart_count=0)
+    assert job_state(first) == "COMPLETED"  # ended by the learner before it requeued
+    assert wait_until_done(job_id, timeout=120) == "COMPLETED"
+    assert len(collection_jobs() - {first}) == 1  # the resumed learner submitted a fresh one
+    assert 0 < frames < 4000
+    assert_frames_continuous(run_dir, 200, 4000)
+    assert not subprocess.run(["squeue", "--noheader"], capture_output=True, text=True).stdout
 
 
 def test_preemptions_beyond_max_requeues_stop_with_the_checkpoint_saved(

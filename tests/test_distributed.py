@@ -1,0 +1,178 @@
+"""Collection jobs on the real local SLURM cluster (``collector.mode=distributed``): both
+jobs run while the learner trains, each batch holds frames from both with distinct
+trajectories, the weights the learner pushes reach both, a job that dies stops the run
+with its id and log and leaves the checkpoint intact, and nothing is left in the queue."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rl_app.algorithms import make_algorithm
+from rl_app.checkpointing import checkpoint_candidates, verify_checkpoint
+from rl_app.collection import WeightSync, decide_devices, make_collector
+from rl_app.config import CHECKPOINTS_DIR
+from rl_app.distributed import SlurmCollectionJobs
+from rl_app.envs import make_env
+from rl_app.logger import read_metrics
+from rl_app.loop import RunFailed, train
+from rl_app.replay import TRAJECTORY_KEY
+from tests.conftest import PYTHON, TINY_RUN, TRAIN_PY
+from tests.test_collection import actor_version, child_processes
+from tests.test_slurm import wait_for
+
+DISTRIBUTED_RUN = [
+    "collector.mode=distributed",
+    "collector.nodes=2",
+    "collector.address=127.0.0.1",
+    "collector.connect_timeout_s=120",
+    "slurm.profile=local",
+]
+
+
+def queued(job_ids: set[str]) -> set[str]:
+    """Which of ``job_ids`` are still in ``squeue`` (pending, running or completing)."""
+    answer = subprocess.run(
+        ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True
+    )
+    return job_ids & set(answer.stdout.split())
+
+
+def wait_until_gone(job_ids: set[str]) -> None:
+    wait_for(f"jobs {sorted(job_ids)} to leave squeue", lambda: not queued(job_ids), 60)
+
+
+@pytest.mark.slurm
+def test_two_collection_jobs_feed_the_learner_and_act_with_its_weights(
+    slurm_cluster: None,
+    tiny_config,
+) -> None:
+    config = tiny_config(*DISTRIBUTED_RUN, "collector.init_random_frames=0")
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    job_ids = {job.job_id for job in collector.jobs}
+    try:
+        assert len(job_ids) == 2
+        assert queued(job_ids) == job_ids  # both jobs run while the learner trains
+        weight_sync = WeightSync(collector, algorithm, config.env.name)  # version 1
+        snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
+        batches = []
+        for index, batch in enumerate(collector):
+            batches.append(batch)
+            if index == 3:
+                with torch.no_grad():  # the learner moves on; the jobs must not see it yet
+                    for parameter in algorithm.policy.parameters():
+                        parameter.add_(0.05 * torch.randn_like(parameter))
+            if index == 5:
+                weight_sync.push()  # version 2
+                snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
+            if index == 9:
+                break
+    finally:
+        collector.shutdown()
+
+    per_job = config.collector.frames_per_batch // 2
+    for job in range(2):
+        frames = torch.cat([batch[job] for batch in batches])
+        # Trajectory ids name their job (id % jobs) and stay the same across batches.
+        assert (frames[TRAJECTORY_KEY] % 2 == job).all()
+        assert batches[0][job][TRAJECTORY_KEY][-1] == batches[1][job][TRAJECTORY_KEY][0]
+        # Each job acted with the first snapshot until the push, with the second after it,
+        # and the per-frame version says so.
+        acted = actor_version(frames, snapshots, algorithm.policy)
+        assert (acted[: 6 * per_job] == 1).all()
+        assert (acted[6 * per_job :] == 2).all()
+        assert torch.equal(frames["next", "policy_version"], acted)
+
+    wait_until_gone(job_ids)
+    assert not child_processes()
+
+
+@pytest.mark.slurm
+def test_a_dead_collection_job_stops_the_run_and_a_resume_submits_fresh_jobs(
+    slurm_cluster: None,
+    tiny_config,
+) -> None:
+    config = tiny_config(*DISTRIBUTED_RUN, "collector.total_frames=2400")
+    run_dir = Path(config.run_dir)
+    killed: list[str] = []
+
+    def kill_a_job_after_the_first_checkpoint() -> None:
+        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / CHECKPOINTS_DIR), 120)
+        names = subprocess.run(
+            ["squeue", "--noheader", "--format=%i", f"--name={run_dir.name}-collect"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        killed.append(min(names))
+        subprocess.run(["scancel", killed[0]], check=True)
+
+    killer = threading.Thread(target=kill_a_job_after_the_first_checkpoint)
+    killer.start()
+    with pytest.raises(RunFailed) as failure:
+        train(config)
+    killer.join()
+
+    message = str(failure.value)
+    assert f"job {killed[0]} is CANCELLED" in message
+    assert f"{killed[0]}_0_log.err" in message
+    saved = checkpoint_candidates(run_dir / CHECKPOINTS_DIR)
+    assert f"last good checkpoint: {saved[0]}" in message
+    verify_checkpoint(saved[0])
+    first_jobs = {path.name.split("_")[0] for path in (run_dir / "slurm").rglob("*_submitted.pkl")}
+    wait_until_gone(first_jobs)  # the other job was cancelled too
+
+    resumed = train(config)
+    assert resumed.frames == 2400
+    all_jobs = {path.name.split("_")[0] for path in (run_dir / "slurm").rglob("*_submitted.pkl")}
+    assert len(all_jobs - first_jobs) == 2  # fresh jobs for the resumed run
+    frames = [row["frames"] for row in read_metrics(run_dir)]
+    assert frames == list(range(200, 2401, 200))  # no iteration lost or repeated
+    wait_until_gone(all_jobs)
+
+
+def test_trajectory_ids_are_unique_across_jobs_batches_and_resumes() -> None:
+    # What TorchRL 0.14.1 hands over for 3 jobs: job i's local ids shifted by job i-1's
+    # largest (shifted) id, so job 0's trajectory 2 and job 1's trajectory 0 share id 2.
+    local = torch.tensor([[1, 1, 2, 2], [0, 0, 0, 1], [5, 6, 6, 6]])
+    shifted = local.clone()
+    for job in range(1, 3):
+        shifted[job] += shifted[job - 1].max()
+    jobs = SlurmCollectionJobs.__new__(SlurmCollectionJobs)  # no SLURM: the relabelling only
+    jobs.num_workers, jobs.traj_id_base, jobs.next_traj_id = 3, 0, 0
+    batch = TensorDict({TRAJECTORY_KEY: shifted}, [3, 4])
+    ids = jobs.relabel_trajectories(batch)[TRAJECTORY_KEY]
+    assert torch.equal(ids, local * 3 + torch.arange(3).unsqueeze(-1))
+    assert len(set(ids.flatten().tolist())) == len(
+        {(j, k) for j in range(3) for k in local[j].tolist()}
+    )
+
+    # A resumed run starts above every id the checkpoint saw.
+    resumed = SlurmCollectionJobs.__new__(SlurmCollectionJobs)
+    resumed.num_workers = 3
+    resumed.load_state_dict(jobs.state_dict())
+    again = resumed.relabel_trajectories(
+        TensorDict({TRAJECTORY_KEY: torch.zeros(3, 4, dtype=torch.long)}, [3, 4])
+    )
+    assert again[TRAJECTORY_KEY].min() > ids.max()
+
+
+@pytest.mark.slurm
+def test_collection_jobs_the_cluster_would_refuse_are_refused_before_training(
+    slurm_cluster: None, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [PYTHON, str(TRAIN_PY), *TINY_RUN, *DISTRIBUTED_RUN, f"run_dir={run_dir}",
+         "slurm.collector_partition=nosuchpartition"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "nosuchpartition" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not run_dir.exists()
