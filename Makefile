@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-requirements
 
-.PHONY: venv train test test-fast bench lint slurm-up slurm-down clean
+.PHONY: venv train test test-fast bench results lint slurm-up slurm-down clean
 
 venv: $(INSTALLED)
 
@@ -25,8 +25,11 @@ test: venv ## The whole suite, learning checks included; starts the local SLURM 
 test-fast: venv ## Everything but the minutes-long learning checks and the SLURM cluster tests
 	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
 
-bench: venv ## Throughput and the time split of an iteration, written to the run directory
+bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
 	$(PY) -m rl_app.bench $(ARGS)
+
+results: venv ## The shipped presets over 5 seeds: runs/results/results.md and docs/results.png
+	$(PY) -m rl_app.results $(ARGS)
 
 slurm-up: ## Start the local one-node SLURM cluster (root; installs its Debian packages if missing)
 	bash slurm/local-cluster/up.sh

@@ -28,7 +28,7 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 from rl_app.algorithms import Algorithm
 from rl_app.config import Config
 from rl_app.distributed import make_collection_jobs
-from rl_app.envs import env_factory
+from rl_app.envs import ReplayableReset, env_factory
 
 # Worker i's env is seeded with seed + i * WORKER_SEED_STRIDE: distinct, reproducible episodes.
 WORKER_SEED_STRIDE = 10_007
@@ -216,12 +216,14 @@ class CollectorState:
     saved at an episode boundary has already drawn the next episode's start. To resume
     exactly, that reset is replayed from the random state it started from (recorded by
     :class:`rl_app.envs.ReplayableReset`) and the episode keeps the trajectory id it had.
-    Mid-episode, or in worker processes, the env's physics cannot be saved: the resumed run
-    then starts new episodes, as TorchRL does."""
+    Mid-episode, in worker processes or with a batch of envs, the env's physics cannot be
+    saved: the resumed run then starts new episodes, as TorchRL does."""
 
     def __init__(self, collector: BaseCollector) -> None:
         self.collector = collector
-        self.direct = isinstance(collector, Collector)
+        self.replayable = isinstance(collector, Collector) and isinstance(
+            self._gym_env(), ReplayableReset
+        )
 
     def _gym_env(self) -> Any:
         # TorchRL's GymWrapper keeps the Gymnasium env in `_env`; there is no public handle.
@@ -229,7 +231,7 @@ class CollectorState:
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"collector": self.collector.state_dict()}
-        if self.direct:
+        if self.replayable:
             gym_env = self._gym_env()
             state["at_episode_start"] = gym_env.steps_since_reset == 0
             state["random_state_before_reset"] = gym_env.random_state_before_reset

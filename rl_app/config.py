@@ -54,6 +54,7 @@ class EnvConfig:
     """The environment trained on."""
 
     name: str = setting("Pendulum-v1", "Gymnasium environment id, or module:id")
+    num_envs: int = setting(1, "envs stepped as one batch by each collector (a vector env)")
 
 
 @dataclass
@@ -353,6 +354,7 @@ def validate(config: Config) -> None:
         ("collector.sync_every", config.collector.sync_every),
         ("collector.workers", config.collector.workers),
         ("collector.nodes", config.collector.nodes),
+        ("env.num_envs", config.env.num_envs),
         ("collector.connect_timeout_s", config.collector.connect_timeout_s),
         ("dqn.eps_annealing_frames", config.dqn.eps_annealing_frames),
         ("dqn.target_update_interval", config.dqn.target_update_interval),
@@ -391,7 +393,7 @@ def validate(config: Config) -> None:
             f"collector.total_frames={config.collector.total_frames} is out of range: "
             f"it must be at least collector.frames_per_batch={config.collector.frames_per_batch}"
         )
-    check_batch_split(config.collector)
+    check_batch_split(config.collector, config.env.num_envs)
     if config.optim.batch_size > config.replay.capacity:
         raise ConfigError(
             f"optim.batch_size={config.optim.batch_size} is out of range: "
@@ -420,8 +422,9 @@ def validate(config: Config) -> None:
             )
 
 
-def check_batch_split(collector: CollectorConfig) -> None:
-    """Sync and distributed batches are gathered evenly from every worker."""
+def check_batch_split(collector: CollectorConfig, num_envs: int) -> None:
+    """Sync and distributed batches are gathered evenly from every worker, and every
+    collector's share is a whole number of steps of its ``num_envs`` envs."""
     if collector.mode == "sync" and collector.frames_per_batch % collector.workers:
         raise ConfigError(
             f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: "
@@ -438,6 +441,13 @@ def check_batch_split(collector: CollectorConfig) -> None:
                 f"collector.port={collector.port} is out of range: give 1024..65534 "
                 "(the learner listens on port and port+1), or leave it unset for a free one"
             )
+    sources = {"sync": collector.workers, "distributed": collector.nodes}.get(collector.mode, 1)
+    if (collector.frames_per_batch // sources) % num_envs:
+        raise ConfigError(
+            f"env.num_envs={num_envs} is not accepted: each collector's share of "
+            f"collector.frames_per_batch={collector.frames_per_batch} must be a whole number "
+            f"of steps of its {num_envs} envs"
+        )
 
 
 def check_env_registered(env_name: str) -> None:

@@ -25,7 +25,6 @@ use, all in one place:
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import socket
@@ -43,7 +42,7 @@ from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
 
 from rl_app.config import Config
-from rl_app.envs import make_env
+from rl_app.envs import env_factory
 
 log = logging.getLogger("rl_app")
 
@@ -202,7 +201,7 @@ def make_collection_jobs(config: Config, policy_factory: Any, devices: Any) -> S
     )
     return SlurmCollectionJobs(
         [
-            functools.partial(make_env, config.env, config.seed + node * WORKER_SEED_STRIDE)
+            env_factory(config.env, config.seed + node * WORKER_SEED_STRIDE)
             for node in range(settings.nodes)
         ],
         policy_factory=policy_factory,

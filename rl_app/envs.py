@@ -42,8 +42,20 @@ class ReplayableReset(gym.Wrapper):
 
 def make_env(env: EnvConfig, seed: int, device: str | torch.device = "cpu") -> EnvBase:
     """One seeded environment: float observations, a step counter, the episode return
-    (``episode_reward``) and ``is_init`` flags at episode starts."""
-    base = GymWrapper(ReplayableReset(gym.make(env.name)), device=device)
+    (``episode_reward``) and ``is_init`` flags at episode starts.
+
+    With ``env.num_envs > 1`` it is a batch of envs stepped together in this process (a
+    Gymnasium ``SyncVectorEnv``): one policy call and one TorchRL step serve them all. Its
+    envs reset one by one when their episodes end (TorchRL asks for partial resets, so the
+    vector env's own autoreset is off)."""
+    if env.num_envs == 1:
+        gym_env = ReplayableReset(gym.make(env.name))
+    else:
+        gym_env = gym.vector.SyncVectorEnv(
+            [functools.partial(gym.make, env.name)] * env.num_envs,
+            autoreset_mode=gym.vector.AutoresetMode.DISABLED,
+        )
+    base = GymWrapper(gym_env, device=device)
     transformed = TransformedEnv(
         base, Compose(DoubleToFloat(), StepCounter(), RewardSum(), InitTracker())
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 from tensordict.nn import TensorDictModuleBase
@@ -23,7 +24,7 @@ def evaluate(
     the learner's modules or random state. A fresh one each time replays the same seeded
     episode starts, so that scores compare across evaluations and across resumes."""
     evaluator = Evaluator(
-        env_factory(config.env, config.seed + EVAL_SEED_OFFSET),
+        env_factory(dataclasses.replace(config.env, num_envs=1), config.seed + EVAL_SEED_OFFSET),
         policy_factory=policy_factory,
         num_trajectories=config.eval.episodes,
         max_steps=None,  # the env's StepCounter and time limit end episodes

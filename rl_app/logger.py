@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -61,6 +62,9 @@ class RunLogger:
         # Created at the first log call, so that a resume can hand it the saved run first.
         self._backend: Logger | None = None
         self._saved_backend_state: Mapping[str, Any] | None = None
+        # Wall time of the run, continued across resumes (rewind sets the earlier part).
+        self._started = time.monotonic()
+        self._seconds_before = 0.0
 
     @property
     def backend(self) -> Logger | None:
@@ -71,8 +75,10 @@ class RunLogger:
         return self._backend
 
     def log(self, frames: int, metrics: Mapping[str, float]) -> None:
-        """Record one iteration, ``frames`` being the frames collected so far."""
-        row = {"frames": frames, **metrics}
+        """Record one iteration, ``frames`` being the frames collected so far; the row
+        also gets the run's wall time so far (``wall_seconds``)."""
+        wall_seconds = self._seconds_before + time.monotonic() - self._started
+        row = {"frames": frames, "wall_seconds": round(wall_seconds, 3), **metrics}
         with open(self.run_dir / METRICS_FILE, "a") as file:
             file.write(json.dumps(row) + "\n")
         if self.backend is not None:
@@ -106,6 +112,8 @@ class RunLogger:
             lines = scalars.read_text().splitlines(keepends=True)
             scalars.write_text("".join(ln for ln in lines if int(ln.split(",")[0]) <= frames))
         self.eval_curve = [(row["frames"], row[EVAL_KEY]) for row in kept if EVAL_KEY in row]
+        self._seconds_before = kept[-1].get("wall_seconds", 0.0) if kept else 0.0
+        self._started = time.monotonic()
         if self.eval_curve:
             self.progress.set_postfix(eval_return=f"{self.eval_curve[-1][1]:.1f}")
         self.progress.update(frames - self.progress.n)

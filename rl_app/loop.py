@@ -43,7 +43,7 @@ from rl_app.envs import make_env
 from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, RunLogger
-from rl_app.replay import make_replay_buffer, write_priorities
+from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, write_priorities
 
 log = logging.getLogger("rl_app")
 
@@ -254,7 +254,7 @@ def run_iterations(run: Run) -> TrainResult:
             progress.iterations += 1
             algorithm.after_collect(progress.frames)
             phases.enter("extending the buffer")
-            buffer.extend(batch.reshape(-1))
+            buffer.extend(batch.reshape(-1).select(*algorithm.replay_keys(), TRAJECTORY_KEY))
 
             update_metrics = []
             if progress.frames >= config.collector.init_random_frames:

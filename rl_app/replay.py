@@ -27,7 +27,15 @@ TRAJECTORY_KEY = ("collector", "traj_ids")
 
 def make_sampler(replay: ReplayConfig) -> Sampler:
     """The sampler named by ``replay.sampler``."""
-    slices = {"slice_len": replay.slice_len, "traj_key": TRAJECTORY_KEY, "strict_length": True}
+    slices = {
+        "slice_len": replay.slice_len,
+        "traj_key": TRAJECTORY_KEY,
+        "strict_length": True,
+        # Trajectory boundaries are found by scanning the whole storage; cached, that scan
+        # runs once per extend (which clears the cache) instead of once per sample. Exact
+        # here: the learner is the buffer's only writer, and it writes through extend.
+        "cache_values": True,
+    }
     if replay.sampler == "prioritized_slice":
         return PrioritizedSliceSampler(
             max_capacity=replay.capacity, alpha=replay.alpha, beta=replay.beta, **slices

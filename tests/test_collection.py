@@ -228,3 +228,30 @@ def test_a_failing_worker_stops_the_run_cleanly(tiny_config) -> None:
     assert "stopped with exit code 1" in message
     assert "checkpoint-000000000800" in message
     assert child_processes() == before
+
+
+def test_a_batch_of_envs_keeps_each_envs_trajectories_apart_and_trains(tiny_config) -> None:
+    config = tiny_config("env.num_envs=4", "collector.init_random_frames=0")
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    try:
+        batches = [batch for _, batch in zip(range(5), collector, strict=False)]
+    finally:
+        collector.shutdown()
+    data = torch.cat(batches, dim=1)  # (envs, frames): 4 envs x 250 steps, episodes of 200
+    assert data.shape == (4, 250)
+    ids = data[TRAJECTORY_KEY]
+    ends = data["next", "done"].squeeze(-1)
+    for env in range(4):
+        # Each env's frames follow one another until its episode ends, under one id...
+        follows = (data["observation"][env, 1:] == data["next", "observation"][env, :-1]).all(-1)
+        assert (follows | ends[env, :-1]).all()
+        assert ends[env].sum() == 1 and (ids[env, 1:] == ids[env, :-1]).sum() == 248
+    # ... that no other env's frames carry, and the flat buffer order keeps them whole.
+    assert not set(ids[0].tolist()) & set(ids[1:].flatten().tolist())
+    flat = data.reshape(-1)[TRAJECTORY_KEY]
+    assert (flat.diff() != 0).sum() == len(flat.unique()) - 1
+
+    result = train(tiny_config("env.num_envs=4", run_dir=Path(config.run_dir).with_name("train")))
+    assert result.frames == config.collector.total_frames
+    assert [row["frames"] for row in read_metrics(result.run_dir)] == list(range(200, 1201, 200))

@@ -38,6 +38,7 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
         (["--config", "dqn_cartpole", "algo=sac"], "use algo=dqn"),
         (["collector.mode=distributed", "collector.nodes=3"], "collector.frames_per_batch"),
         (["collector.mode=distributed", "collector.port=80"], "collector.port"),
+        (["env.num_envs=3"], "env.num_envs"),
     ],
 )
 def test_bad_input_exits_2_naming_the_key_and_creates_nothing(

@@ -15,6 +15,7 @@ from typing import Any
 
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
+from torchrl.objectives import LossModule
 
 # Key under which `update` writes one priority per sampled transition.
 PRIORITY_KEY = "td_error"
@@ -25,6 +26,13 @@ class Algorithm(abc.ABC):
 
     #: The policy that acts in the environment while collecting (it explores).
     policy: TensorDictModuleBase
+    #: The TorchRL loss the update minimises.
+    loss: LossModule
+
+    def replay_keys(self) -> list[Any]:
+        """What an update reads from a transition (the loss's ``in_keys``): with the
+        trajectory ids, all the replay buffer stores of a collected frame."""
+        return list(self.loss.in_keys)
 
     @abc.abstractmethod
     def policy_factory(self) -> Callable[..., TensorDictModuleBase]:
