@@ -163,25 +163,42 @@ class SlurmCollectionJobs(DistributedCollector):
         """The jobs SLURM no longer runs, polling up to ``wait_s`` for one to show."""
         deadline = time.monotonic() + wait_s
         while True:
-            ended = [job for job in self.jobs if job.watcher.get_state(job.job_id, mode="force")
-                     not in RUNNING_STATES]  # fmt: skip
+            ended = [job for job in self.jobs if self.state_of(job) not in RUNNING_STATES]
             if ended or time.monotonic() > deadline:
                 return ended
             time.sleep(1.0)
 
     def shutdown(self, timeout: float | None = None) -> None:
+        # TorchRL closes its weight-sync store as soon as each job has handed back its
+        # result, while the job's receiver thread still waits on that store: the job then
+        # aborts on its way out and ends FAILED. Keep the store until the jobs have ended.
+        schemes, self._weight_sync_schemes = self._weight_sync_schemes, None
         try:
             super().shutdown(timeout)
         except Exception as error:  # a job already gone never answers "down"
             log.warning("collection jobs did not all stop cleanly (%s); cancelling them", error)
         finally:
+            self.wait_until_ended(JOB_STATE_WAIT_S)
             self.cancel_jobs()
+            for scheme in (schemes or {}).values():
+                scheme.shutdown()
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
 
+    def state_of(self, job: submitit.Job) -> str:
+        """SLURM's word for the job now (sacct may add "by <uid>" to CANCELLED)."""
+        return job.watcher.get_state(job.job_id, mode="force").split()[0]
+
+    def wait_until_ended(self, wait_s: float) -> None:
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(
+            self.state_of(job) in (*RUNNING_STATES, "COMPLETING") for job in self.jobs
+        ):
+            time.sleep(0.5)
+
     def cancel_jobs(self) -> None:
         for job in self.jobs:
-            if job.watcher.get_state(job.job_id, mode="force") in RUNNING_STATES:
+            if self.state_of(job) in RUNNING_STATES:
                 job.cancel(check=False)
 
 

@@ -131,14 +131,18 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def label_eval_axes(axes: Any) -> None:
+    axes.set_xlabel("environment frames")
+    axes.set_ylabel("mean evaluation return")
+    axes.grid(alpha=0.3)
+
+
 def plot_curve(points: list[tuple[int, float]], path: Path) -> None:
     """Evaluation return against environment frames, written to ``path``."""
     figure, axes = plt.subplots(figsize=(6, 4))
     frames, returns = zip(*points, strict=True)
     axes.plot(frames, returns, marker="o")
-    axes.set_xlabel("environment frames")
-    axes.set_ylabel("mean evaluation return")
-    axes.grid(alpha=0.3)
+    label_eval_axes(axes)
     figure.tight_layout()
     figure.savefig(path, dpi=80)
     plt.close(figure)

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from rl_app.config import load_config
-from rl_app.logger import EVAL_KEY, read_metrics
+from rl_app.logger import EVAL_KEY, label_eval_axes, read_metrics
 from rl_app.loop import train
 
 PRESETS = ("default", "dqn_cartpole")
@@ -80,9 +80,7 @@ def plot_curves(summary: dict[str, dict[str, Any]], path: Path) -> None:
         axes.plot(frames, mean, marker="o", markersize=3)
         axes.fill_between(frames, mean - std, mean + std, alpha=0.25)
         axes.set_title(f"{preset} ({len(curves)} seeds)")
-        axes.set_xlabel("environment frames")
-        axes.set_ylabel("evaluation return")
-        axes.grid(alpha=0.3)
+        label_eval_axes(axes)
     figure.tight_layout()
     figure.savefig(path, dpi=70)
     plt.close(figure)

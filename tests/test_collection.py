@@ -67,30 +67,41 @@ def actor_outputs(policy, weights, observation: torch.Tensor) -> TensorDict:
         return copy_.module[0](TensorDict({"observation": observation}, observation.shape[:1]))
 
 
+def collect_around_a_push(
+    collector, algorithm, env_name: str, moved_at: int, pushed_at: int, batches: int
+) -> tuple[list[TensorDict], dict[int, dict]]:
+    """Collect ``batches`` batches: the learner's weights change after batch ``moved_at``
+    without a push, and are pushed after batch ``pushed_at``. Returns the batches and the
+    weights of each version sent (1: the initial push, 2: the later one)."""
+    weight_sync = WeightSync(collector, algorithm, env_name)  # version 1
+    snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
+    collected = []
+    for index, batch in enumerate(collector):
+        collected.append(batch)
+        if index == moved_at:
+            with torch.no_grad():  # the learner moves on; the collector must not see it yet
+                for parameter in algorithm.policy.parameters():
+                    parameter.add_(0.05 * torch.randn_like(parameter))
+        if index == pushed_at:
+            weight_sync.push()  # version 2
+            snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
+        if index == batches - 1:
+            return collected, snapshots
+    raise AssertionError("unreachable: collectors run until stopped")
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_workers_act_with_the_weights_the_learner_sent(tiny_config, mode: str) -> None:
     config = tiny_config(f"collector.mode={mode}", *MP_RUN)
     algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
     collector = make_collector(config, algorithm, decide_devices(config))
     try:
-        weight_sync = WeightSync(
-            collector, algorithm, config.env.name
-        )  # version 1: the learner's initial weights
-        snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
-        batches = []
-        for index, batch in enumerate(collector):
-            batches.append(batch.reshape(-1) if mode == "sync" else batch)
-            if index == 5:
-                with torch.no_grad():  # the learner moves on; workers must not see it yet
-                    for parameter in algorithm.policy.parameters():
-                        parameter.add_(0.05 * torch.randn_like(parameter))
-            if index == 9:
-                weight_sync.push()  # version 2
-                snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
-            if index == 19:
-                break
+        collected, snapshots = collect_around_a_push(
+            collector, algorithm, config.env.name, moved_at=5, pushed_at=9, batches=20
+        )
     finally:
         collector.shutdown()
+    batches = [batch.reshape(-1) for batch in collected]
 
     data = torch.cat(batches)
     acted = actor_version(data, snapshots, algorithm.policy)

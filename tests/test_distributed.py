@@ -5,7 +5,6 @@ with its id and log and leaves the checkpoint intact, and nothing is left in the
 
 from __future__ import annotations
 
-import copy
 import subprocess
 import threading
 from pathlib import Path
@@ -16,7 +15,7 @@ from tensordict import TensorDict
 
 from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import checkpoint_candidates, verify_checkpoint
-from rl_app.collection import WeightSync, decide_devices, make_collector
+from rl_app.collection import decide_devices, make_collector
 from rl_app.config import CHECKPOINTS_DIR
 from rl_app.distributed import SlurmCollectionJobs
 from rl_app.envs import make_env
@@ -24,7 +23,7 @@ from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, train
 from rl_app.replay import TRAJECTORY_KEY
 from tests.conftest import PYTHON, TINY_RUN, TRAIN_PY
-from tests.test_collection import actor_version, child_processes
+from tests.test_collection import actor_version, child_processes, collect_around_a_push
 from tests.test_slurm import wait_for
 
 DISTRIBUTED_RUN = [
@@ -60,20 +59,9 @@ def test_two_collection_jobs_feed_the_learner_and_act_with_its_weights(
     try:
         assert len(job_ids) == 2
         assert queued(job_ids) == job_ids  # both jobs run while the learner trains
-        weight_sync = WeightSync(collector, algorithm, config.env.name)  # version 1
-        snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
-        batches = []
-        for index, batch in enumerate(collector):
-            batches.append(batch)
-            if index == 3:
-                with torch.no_grad():  # the learner moves on; the jobs must not see it yet
-                    for parameter in algorithm.policy.parameters():
-                        parameter.add_(0.05 * torch.randn_like(parameter))
-            if index == 5:
-                weight_sync.push()  # version 2
-                snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
-            if index == 9:
-                break
+        batches, snapshots = collect_around_a_push(
+            collector, algorithm, config.env.name, moved_at=3, pushed_at=5, batches=10
+        )
     finally:
         collector.shutdown()
 
