@@ -78,14 +78,14 @@ class CollectorConfig:
         "direct (in-process) | sync | async (worker processes) | distributed (SLURM jobs)",
     )
     workers: int = setting(
-        2, "worker processes (sync and async modes; distributed: one env per job, see nodes)"
+        2, "worker processes (sync and async modes; distributed: one collector per job)"
     )
-    nodes: int = setting(2, "collection jobs submitted to SLURM, one env each (distributed)")
+    nodes: int = setting(2, "collection jobs submitted to SLURM (distributed mode)")
     address: str | None = setting(
         None, "address collection jobs reach the learner at (distributed; unset: this host's)"
     )
     port: int | None = setting(
-        None, "learner's rendezvous TCP port (distributed; unset: a free one; uses port+1 too)"
+        None, "learner's rendezvous TCP port (distributed; unset: a free one; +1, +2 used too)"
     )
     connect_timeout_s: int = setting(
         600, "how long collection jobs may take to start and join (distributed mode)"
@@ -170,7 +170,7 @@ class SlurmConfig:
         None, "partition of collection jobs (collector.mode=distributed; unset: the job's)"
     )
     collector_cpus_per_task: int | None = setting(
-        None, "CPUs of each collection job (unset: collector.workers + 1)"
+        None, "CPUs of each collection job (unset: the job's, slurm.cpus_per_task)"
     )
     collector_mem_gb: int | None = setting(None, "memory of each collection job in GB")
     collector_time_min: int | None = setting(
@@ -436,10 +436,10 @@ def check_batch_split(collector: CollectorConfig, num_envs: int) -> None:
                 f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: in "
                 f"distributed mode it is split evenly among collector.nodes={collector.nodes}"
             )
-        if collector.port is not None and not 1024 <= collector.port <= 65534:
+        if collector.port is not None and not 1024 <= collector.port <= 65533:
             raise ConfigError(
-                f"collector.port={collector.port} is out of range: give 1024..65534 "
-                "(the learner listens on port and port+1), or leave it unset for a free one"
+                f"collector.port={collector.port} is out of range: give 1024..65533 (the "
+                "learner listens on port, port+1 and port+2), or leave it unset for a free one"
             )
     sources = {"sync": collector.workers, "distributed": collector.nodes}.get(collector.mode, 1)
     if (collector.frames_per_batch // sources) % num_envs:
