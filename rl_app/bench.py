@@ -201,6 +201,11 @@ BATCHED_ENVS = 8
 COLLECTION_MODES = {
     "direct": ["collector.mode=direct"],
     f"direct-{BATCHED_ENVS}envs": ["collector.mode=direct", f"env.num_envs={BATCHED_ENVS}"],
+    f"direct-{BATCHED_ENVS}envs-compiled": [
+        "collector.mode=direct",
+        f"env.num_envs={BATCHED_ENVS}",
+        "collector.compile_policy=true",
+    ],
     **{
         f"{mode}-{workers}": [f"collector.mode={mode}", f"collector.workers={workers}"]
         for mode in ("sync", "async")

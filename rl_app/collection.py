@@ -74,6 +74,7 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
         "env_device": devices.env,
         "policy_device": devices.policy,
         "storing_device": devices.storage,
+        "compile_policy": settings.compile_policy,
     }
     if settings.mode == "direct":
         return Collector(

@@ -92,6 +92,9 @@ class CollectorConfig:
     )
     device: str = setting("cpu", "where worker processes run the policy: cpu | cuda")
     sync_every: int = setting(1, "push learner weights to the workers every N iterations")
+    compile_policy: bool = setting(
+        False, "torch.compile the acting policy (faster stepping after a few seconds' compile)"
+    )
 
 
 @dataclass

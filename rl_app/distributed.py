@@ -224,7 +224,10 @@ def make_collection_jobs(config: Config, policy_factory: Any, devices: Any) -> S
         policy_factory=policy_factory,
         frames_per_batch=settings.frames_per_batch,
         collector_class=Collector,
-        collector_kwargs={"track_policy_version": True},
+        collector_kwargs={
+            "track_policy_version": True,
+            "compile_policy": settings.compile_policy,
+        },
         # TorchRL gives each job init_random_frames // nodes.
         init_random_frames=settings.nodes * math.ceil(settings.init_random_frames / settings.nodes),
         env_device=devices.env,

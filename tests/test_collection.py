@@ -266,3 +266,22 @@ def test_a_batch_of_envs_keeps_each_envs_trajectories_apart_and_trains(tiny_conf
     result = train(tiny_config("env.num_envs=4", run_dir=Path(config.run_dir).with_name("train")))
     assert result.frames == config.collector.total_frames
     assert [row["frames"] for row in read_metrics(result.run_dir)] == list(range(200, 1201, 200))
+
+
+def test_a_compiled_policy_acts_as_the_learners_policy(tiny_config) -> None:
+    config = tiny_config(
+        "collector.compile_policy=true", "env.num_envs=4", "collector.init_random_frames=0"
+    )
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    try:
+        first = next(iter(collector)).reshape(-1)
+        with torch.no_grad():  # the learner's update, seen by the compiled direct policy
+            for parameter in algorithm.policy.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
+        second = next(iter(collector)).reshape(-1)
+    finally:
+        collector.shutdown()
+    weights = {1: copy.deepcopy(algorithm.policy.state_dict())}
+    assert (actor_version(second, weights, algorithm.policy) == 1).all()
+    assert (actor_version(first, weights, algorithm.policy) == 0).all()
