@@ -7,8 +7,8 @@ Four topologies, all TorchRL collectors the loop iterates the same way:
 - ``async``: ``MultiAsyncCollector``, workers keep collecting while the learner updates,
   each batch from whichever worker is ready;
 - ``distributed``: SLURM jobs, each batch gathered from every job (:mod:`rl_app.distributed`).
-Worker processes and jobs build env and policy from picklable factories and act with a snapshot of
-the learner's weights that changes only when :class:`WeightSync` pushes a new one.
+Worker processes and jobs build env and policy from picklable factories and act with a
+snapshot of the learner's weights that changes only when :class:`WeightSync` pushes one.
 """
 
 from __future__ import annotations
