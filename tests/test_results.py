@@ -34,6 +34,6 @@ def test_the_summary_takes_each_runs_last_evaluation(tmp_path: Path) -> None:
     assert summary["frames"] == 3000 and summary["wall_seconds"] == [60.0, 120.0]
 
     table = markdown_table({"default": summary})
-    assert "| `default` | 2 | 3,000 | -200.0 ± 70.7 | 1.5 min |" in table
+    assert "| `default` | 2 | 3,000 | -200.0 ± 70.7 | -125.0 | 1.5 min |" in table
     plot_curves({"default": summary}, tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
