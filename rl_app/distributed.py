@@ -43,6 +43,7 @@ from torchrl.collectors.distributed import generic as torchrl_distributed
 
 from rl_app.config import Config
 from rl_app.envs import env_factory
+from rl_app.replay import TRAJECTORY_KEY
 
 log = logging.getLogger("rl_app")
 
@@ -125,12 +126,12 @@ class SlurmCollectionJobs(DistributedCollector):
         """Job ``j``'s local trajectory ``k`` becomes ``base + k * jobs + j``: unique
         across jobs, stable from batch to batch, and above every id of an earlier attempt
         of the run (``base``, restored from the checkpoint)."""
-        ids = batch.get(("collector", "traj_ids"))  # (jobs, frames per job)
+        ids = batch.get(TRAJECTORY_KEY)  # (jobs, frames per job)
         for node in range(self.num_workers - 1, 0, -1):  # undo TorchRL's shifts, last first
             ids[node] -= ids[node - 1].max()
         node_index = torch.arange(self.num_workers).view(-1, *[1] * (ids.dim() - 1))
         ids = self.traj_id_base + ids * self.num_workers + node_index
-        batch.set(("collector", "traj_ids"), ids)
+        batch.set(TRAJECTORY_KEY, ids)
         self.next_traj_id = max(self.next_traj_id, int(ids.max()) + 1)
         return batch
 
