@@ -2,8 +2,9 @@
 
 Sections, each measured in the same process, one after the other:
 - machine: platform, cores, versions, and the measured float32 matmul rate of one thread;
-- update: one SAC update step of the default networks next to its FLOP bound (the update's
-  matrix-product FLOPs, from the network sizes, at the measured matmul rate);
+- update: one SAC update step of the default networks, eager and with ``optim.compile``,
+  next to its FLOP bound (the update's matrix-product FLOPs, from the network sizes, at the
+  measured matmul rate);
 - training: the default preset with a 1e6-capacity memmap buffer (shortened to
   ``BENCH_FRAMES`` frames unless overridden with ``ARGS="collector.total_frames=..."``):
   environment frames/s, updates/s and the mean time per iteration of each phase of the
@@ -14,7 +15,8 @@ Sections, each measured in the same process, one after the other:
   1 and 2 SLURM collection jobs (distributed, when SLURM is here) acting with the SAC
   actor, next to the raw Gymnasium step rate of the same env (the ceiling),
   and each mode's end-to-end training frames/s at the default update-to-data ratio;
-- sb3: the same SAC workload as Stable-Baselines3 (``SB3_WORKLOAD``), run interleaved
+- sb3: the same SAC workload as Stable-Baselines3 (``SB3_WORKLOAD``; ours with async
+  collection and the compiled loss), run interleaved
   (ours, SB3, ours, SB3), each final agent scored on the same 10 fixed reset seeds; medians
   and the wall-time ratio. SB3 runs in its own virtual environment (``.venv-sb3``).
 
@@ -23,6 +25,7 @@ Not part of the test suite: timings depend on the machine and on what else runs 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -113,16 +116,9 @@ def sac_update_flops(observation_dim: int, action_dim: int, hidden: list[int], b
 
 
 def bench_update(config: Config, matmul_rate: float, repeats: int = 200) -> dict[str, Any]:
-    """One SAC update step on a real sampled batch, against its FLOP bound."""
+    """One SAC update step on a real sampled batch, eager and compiled, against its FLOP
+    bound."""
     env = make_env(config.env, config.seed)
-    algorithm = make_algorithm(config, env, torch.device("cpu"))
-    batch = env.rollout(config.optim.batch_size, break_when_any_done=False)
-    for _ in range(10):
-        algorithm.update(batch.clone())
-    started = time.perf_counter()
-    for _ in range(repeats):
-        algorithm.update(batch.clone())
-    step = (time.perf_counter() - started) / repeats
     flops = sac_update_flops(
         env.observation_spec["observation"].shape[-1],
         env.action_spec.shape[-1],
@@ -130,12 +126,28 @@ def bench_update(config: Config, matmul_rate: float, repeats: int = 200) -> dict
         config.optim.batch_size,
     )
     bound = flops / matmul_rate
-    return {
-        "ms_per_update_step": 1000 * step,
-        "update_matmul_mflop": flops / 1e6,
-        "flop_bound_ms": 1000 * bound,
-        "ratio_to_flop_bound": step / bound,
-    }
+    report: dict[str, Any] = {"update_matmul_mflop": flops / 1e6, "flop_bound_ms": 1000 * bound}
+    for name, compile in (("eager", False), ("compiled", True)):
+        optim = dataclasses.replace(config.optim, compile=compile)
+        algorithm = make_algorithm(
+            dataclasses.replace(config, optim=optim), env, torch.device("cpu")
+        )
+        batch = env.rollout(config.optim.batch_size, break_when_any_done=False)
+        started = time.perf_counter()
+        algorithm.update(batch.clone())
+        first = time.perf_counter() - started
+        for _ in range(10):
+            algorithm.update(batch.clone())
+        started = time.perf_counter()
+        for _ in range(repeats):
+            algorithm.update(batch.clone())
+        step = (time.perf_counter() - started) / repeats
+        report[name] = {
+            "ms_per_update_step": 1000 * step,
+            "ratio_to_flop_bound": step / bound,
+            "first_update_seconds": first,  # compiled: the compile, less with a warm cache
+        }
+    return report
 
 
 def bench_training(config: Config) -> dict[str, Any]:
@@ -280,7 +292,8 @@ def bench_collection(overrides: list[str], run_dir: Path) -> dict[str, Any]:
 
 # The matched workload: Pendulum-v1, 20,000 frames, one update per frame from frame 1,000,
 # batch 256, two 256-unit hidden layers, two Q-nets, a 1e6 buffer, one torch thread. Ours
-# steps its env in one worker process (async collection) while the learner updates.
+# steps its env in one worker process (async collection) while the learner updates with its
+# compiled loss (the compile counts in its wall time).
 SB3_WORKLOAD = {"frames": 20_000, "learning_starts": 1_000}
 SB3_ROUNDS = 2
 
@@ -294,6 +307,7 @@ def run_ours(seed: int, run_dir: Path, base: list[str]) -> dict[str, Any]:
         [*base, f"seed={seed}", f"collector.total_frames={frames}",
          f"collector.init_random_frames={SB3_WORKLOAD['learning_starts']}",
          "collector.mode=async", "collector.workers=1", f"replay.capacity={BENCH_CAPACITY}",
+         "optim.compile=true",
          f"eval.interval_frames={frames}", f"run_dir={run_dir}"],
     )  # fmt: skip
     run = build_run(config)
@@ -379,9 +393,13 @@ def main(argv: list[str]) -> int:
     print(f"\n== machine: {machine['cpu_model']}, {machine['cores']} cores, one torch thread: "
           f"{machine['matmul_256_gflops']:.0f} GFLOP/s (256x256x256 float32 matmul)")  # fmt: skip
     print(f"\n== SAC update step (default networks, batch {config.optim.batch_size})")
-    print(f"measured:   {update['ms_per_update_step']:.1f} ms")
     print(f"FLOP bound: {update['flop_bound_ms']:.1f} ms ({update['update_matmul_mflop']:.0f} "
-          f"MFLOP of matrix products); ratio {update['ratio_to_flop_bound']:.2f}x")  # fmt: skip
+          "MFLOP of matrix products)")  # fmt: skip
+    for name in ("eager", "compiled"):
+        step = update[name]
+        print(f"{name + ':':<11} {step['ms_per_update_step']:.1f} ms, "
+              f"{step['ratio_to_flop_bound']:.2f}x the bound "
+              f"(first update {step['first_update_seconds']:.1f} s)")  # fmt: skip
     print(f"\n== training ({training['frames']} frames, default preset, "
           f"{training['replay_capacity']:,}-transition memmap buffer)")  # fmt: skip
     print(f"environment frames/s (end to end): {training['frames_per_second']:.1f}")

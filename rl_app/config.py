@@ -31,6 +31,7 @@ CHANGEABLE_ON_RESUME = (
     "run_dir",
     "launcher",
     "threads",
+    "optim.compile",
     "collector.total_frames",
     "eval.interval_frames",
     "eval.episodes",
@@ -106,6 +107,9 @@ class OptimConfig:
     utd_ratio: float = setting(1.0, "gradient updates per collected frame")
     gamma: float = setting(0.99, "discount factor")
     tau: float = setting(0.005, "soft target-network update rate")
+    compile: bool = setting(
+        False, "torch.compile the loss: faster updates after a one-time compile (cached on disk)"
+    )
 
 
 @dataclass

@@ -13,6 +13,7 @@ import abc
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.objectives import LossModule
@@ -28,6 +29,8 @@ class Algorithm(abc.ABC):
     policy: TensorDictModuleBase
     #: The TorchRL loss the update minimises.
     loss: LossModule
+    #: ``loss`` itself or, with ``optim.compile``, its compiled form: what updates call.
+    compute_losses: Callable[[TensorDictBase], TensorDictBase]
 
     def replay_keys(self) -> list[Any]:
         """What an update reads from a transition (the loss's ``in_keys``): with the
@@ -54,3 +57,15 @@ class Algorithm(abc.ABC):
     def checkpoint_components(self) -> dict[str, Any]:
         """Everything of the algorithm a resume needs (networks, target networks,
         optimizer, exploration state), each object offering ``state_dict``."""
+
+
+def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase], TensorDictBase]:
+    """``loss`` itself, or compiled into one graph for its forward and its backward.
+
+    Compiling removes most of an update's Python overhead. The first update pays the
+    compile; torch's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) spares later runs most of it."""
+    if not compile:
+        return loss
+    # fallback_random: draw random numbers as eager code does, so that a compiled update
+    # takes the same step as an uncompiled one and a run may switch on resume.
+    return torch.compile(loss, options={"fallback_random": True})

@@ -16,7 +16,7 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate
 
-from rl_app.algorithms.base import PRIORITY_KEY, Algorithm
+from rl_app.algorithms.base import PRIORITY_KEY, Algorithm, loss_function
 from rl_app.config import Config, DQNConfig, NetworkConfig
 
 
@@ -68,6 +68,7 @@ class DQN(Algorithm):
             self.loss, value_network_update_interval=config.dqn.target_update_interval
         )
         self.optimizer = torch.optim.Adam(self.loss.parameters(), lr=config.optim.lr)
+        self.compute_losses = loss_function(self.loss, config.optim.compile)
 
     def policy_factory(self) -> Callable[..., TensorDictSequential]:
         return functools.partial(
@@ -75,7 +76,7 @@ class DQN(Algorithm):
         )
 
     def update(self, batch: TensorDictBase) -> TensorDictBase:
-        losses = self.loss(batch)
+        losses = self.compute_losses(batch)
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         self.optimizer.step()

@@ -15,7 +15,7 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
 from torchrl.objectives import SACLoss, SoftUpdate
 
-from rl_app.algorithms.base import PRIORITY_KEY, Algorithm
+from rl_app.algorithms.base import PRIORITY_KEY, Algorithm, loss_function
 from rl_app.config import Config, NetworkConfig
 
 
@@ -85,6 +85,7 @@ class SAC(Algorithm):
         # One optimizer over actor, critics and temperature: each loss term only reaches
         # its own parameters (SACLoss detaches the others), so the summed loss is exact.
         self.optimizer = torch.optim.Adam(self.loss.parameters(), lr=config.optim.lr)
+        self.compute_losses = loss_function(self.loss, config.optim.compile)
 
     def policy_factory(self) -> Callable[..., ProbabilisticActor]:
         return functools.partial(
@@ -92,7 +93,7 @@ class SAC(Algorithm):
         )
 
     def update(self, batch: TensorDictBase) -> TensorDictBase:
-        losses = self.loss(batch)
+        losses = self.compute_losses(batch)
         total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
