@@ -62,7 +62,7 @@ class Algorithm(abc.ABC):
 def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase], TensorDictBase]:
     """``loss`` itself, or compiled into one graph for its forward and its backward.
 
-    Compiling removes most of an update's Python overhead. The first update pays the
+    Compiling removes part of an update's Python overhead. The first update pays the
     compile; torch's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) spares later runs most of it."""
     if not compile:
         return loss
