@@ -127,12 +127,12 @@ def bench_update(config: Config, matmul_rate: float, repeats: int = 200) -> dict
     )
     bound = flops / matmul_rate
     report: dict[str, Any] = {"update_matmul_mflop": flops / 1e6, "flop_bound_ms": 1000 * bound}
+    batch = env.rollout(config.optim.batch_size, break_when_any_done=False)  # one for both
     for name, compile in (("eager", False), ("compiled", True)):
         optim = dataclasses.replace(config.optim, compile=compile)
         algorithm = make_algorithm(
             dataclasses.replace(config, optim=optim), env, torch.device("cpu")
         )
-        batch = env.rollout(config.optim.batch_size, break_when_any_done=False)
         started = time.perf_counter()
         algorithm.update(batch.clone())
         first = time.perf_counter() - started
