@@ -26,10 +26,10 @@ test-fast: venv ## Everything but the minutes-long learning checks and the SLURM
 	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
 
 bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
-	$(PY) -m rl_app.bench $(ARGS)
+	$(PY) -m tools.bench $(ARGS)
 
 results: venv ## The shipped presets over 5 seeds: runs/results/results.md and docs/results.png
-	$(PY) -m rl_app.results $(ARGS)
+	$(PY) -m tools.results $(ARGS)
 
 slurm-up: ## Start the local one-node SLURM cluster (root; installs its Debian packages if missing)
 	bash slurm/local-cluster/up.sh

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     if config.launcher == "slurm":
         return submit_to_slurm(args.config, args.overrides, config)
 
-    from rl_app.slurm import check_collection_jobs
+    from rl_app.scale.cluster import check_collection_jobs
 
     try:
         check_collection_jobs(config)  # distributed mode submits jobs: ask the cluster first
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def submit_to_slurm(preset: str, overrides: list[str], config: Config) -> int:
     """Submit with submitit and return at once; the job trains (and resumes) on the cluster."""
-    from rl_app.slurm import describe, submit
+    from rl_app.scale.launch import describe, submit
 
     try:
         jobs = submit(preset, overrides, config)

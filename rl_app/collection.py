@@ -2,36 +2,28 @@
 the learner's weights reach it.
 
 Four topologies, all TorchRL collectors the loop iterates the same way:
-- ``direct``: one env stepped in the learner's process, acting with the learner's policy;
-- ``sync``: ``MultiSyncCollector``, each batch gathered from every worker process;
-- ``async``: ``MultiAsyncCollector``, workers keep collecting while the learner updates,
-  each batch from whichever worker is ready;
-- ``distributed``: SLURM jobs, each batch gathered from every job (:mod:`rl_app.distributed`).
+- ``direct``: one env stepped in the learner's process, acting with the learner's policy
+  (built here);
+- ``sync`` / ``async``: worker processes (:mod:`rl_app.scale.workers`);
+- ``distributed``: SLURM jobs, each batch gathered from every job
+  (:mod:`rl_app.scale.distributed`).
 Worker processes and jobs build env and policy from picklable factories and act with a
-snapshot of the learner's weights that changes only when :class:`WeightSync` pushes one.
+snapshot of the learner's weights that changes only when :class:`WeightSync` pushes one. A
+reader of direct mode needs nothing from ``rl_app/scale``.
 """
 
 from __future__ import annotations
 
-import functools
-import math
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import BaseCollector, Collector
-from torchrl.weight_update import MultiProcessWeightSyncScheme
 
 from rl_app.algorithms import Algorithm
 from rl_app.config import Config
-from rl_app.distributed import make_collection_jobs
 from rl_app.envs import ReplayableReset, env_factory
-
-# Worker i's env is seeded with seed + i * WORKER_SEED_STRIDE: distinct, reproducible episodes.
-WORKER_SEED_STRIDE = 10_007
+from rl_app.upstream import gymnasium_env
 
 
 @dataclass(frozen=True)
@@ -83,86 +75,14 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
             init_random_frames=settings.init_random_frames,
             **common,
         )
+    # The one door to scale-out: imported only when a run asks for that mode.
     if settings.mode == "distributed":
+        from rl_app.scale.distributed import make_collection_jobs
+
         return make_collection_jobs(config, algorithm.policy_factory(), devices)
-    collector = Collector(
-        [
-            env_factory(config.env, config.seed + worker * WORKER_SEED_STRIDE)
-            for worker in range(settings.workers)
-        ],
-        policy_factory=functools.partial(make_guarded_policy, algorithm.policy_factory()),
-        num_collectors=settings.workers,
-        sync=settings.mode == "sync",
-        # Each worker holds its own copy of the weights, replaced only by a push; handing
-        # workers the policy object instead would share the learner's live tensors.
-        weight_sync_schemes={"policy": GuardedWeightSyncScheme()},
-        track_policy_version=True,
-        # Each worker counts its own frames: split the random warm-up among them.
-        init_random_frames=math.ceil(settings.init_random_frames / settings.workers),
-        **common,
-    )
-    return collector
+    from rl_app.scale.workers import make_worker_collector
 
-
-# Workers receive weights on a background thread, which TorchRL 0.14.1 copies into the
-# policy parameter by parameter while the worker's main thread may be running that policy:
-# one action could mix old and new layers, and act with new weights under the old version.
-# In each worker process this lock is held by the policy's forward pass and by a weight
-# update (from the "receive" instruction to its acknowledgement, which spans applying the
-# weights and bumping the policy version), so that each action sees one whole version.
-_WEIGHTS_LOCK = threading.Lock()
-ACK_TIMEOUT_S = 60.0
-
-
-class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
-    """TorchRL's multi-process weight sync, applying each update under ``_WEIGHTS_LOCK`` and
-    waiting at most ``ACK_TIMEOUT_S`` for workers to acknowledge it.
-
-    It hooks the two steps TorchRL's background receiver loop takes around an update (the
-    loop has no public hook); an update that fails midway releases the lock at the loop's
-    next wait."""
-
-    _holding_lock = False
-
-    def _wait_for_instruction(self, timeout: float | None = None) -> str | None:
-        self._release_lock()
-        instruction = super()._wait_for_instruction(timeout)
-        if instruction == "receive":
-            _WEIGHTS_LOCK.acquire()
-            self._holding_lock = True
-        return instruction
-
-    def _send_ack(self, message: str = "updated") -> None:
-        self._release_lock()
-        super()._send_ack(message)
-
-    def _wait_for_ack(self, worker_ids: Any = None, timeout: float | None = None) -> None:
-        # A push waits until every worker has applied the weights; a worker that died would
-        # never answer, and TorchRL would wait forever.
-        super()._wait_for_ack(worker_ids, timeout=ACK_TIMEOUT_S if timeout is None else timeout)
-
-    def _release_lock(self) -> None:
-        if self._holding_lock:
-            self._holding_lock = False
-            _WEIGHTS_LOCK.release()
-
-
-def make_guarded_policy(
-    policy_factory: Callable[..., TensorDictModuleBase],
-) -> TensorDictModuleBase:
-    """A worker's policy, whose forward pass holds ``_WEIGHTS_LOCK``."""
-    policy = policy_factory()
-    policy.register_forward_pre_hook(acquire_weights_lock)
-    policy.register_forward_hook(release_weights_lock)
-    return policy
-
-
-def acquire_weights_lock(module: Any, args: Any) -> None:
-    _WEIGHTS_LOCK.acquire()  # a pre-hook returns None: the call's arguments stay as they are
-
-
-def release_weights_lock(module: Any, args: Any, output: Any) -> None:
-    _WEIGHTS_LOCK.release()
+    return make_worker_collector(config, algorithm.policy_factory(), common)
 
 
 class WorkerDied(RuntimeError):
@@ -170,10 +90,11 @@ class WorkerDied(RuntimeError):
 
 
 def check_workers(collector: BaseCollector, env_name: str) -> None:
-    """Raise if a worker process has stopped. TorchRL 0.14.1 does not forward a worker's
-    error while collecting: the worker prints its traceback and exits, and an async
-    collector goes on with the others (a later weight push or checkpoint would then fail
-    on its broken pipe)."""
+    """Raise if a worker process has stopped, naming its env. A worker that fails prints
+    its traceback and exits; TorchRL's collectors notice only at their next batch (the
+    async one raises "At least one process failed"), while a weight push to a dead worker
+    would wait for its acknowledgement (see :mod:`rl_app.upstream`): the loop checks before
+    every push and every checkpoint."""
     for index, process in enumerate(getattr(collector, "procs", ())):
         if not process.is_alive():
             raise WorkerDied(
@@ -227,8 +148,7 @@ class CollectorState:
         )
 
     def _gym_env(self) -> Any:
-        # TorchRL's GymWrapper keeps the Gymnasium env in `_env`; there is no public handle.
-        return self.collector.env.base_env._env
+        return gymnasium_env(self.collector.env)
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"collector": self.collector.state_dict()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,29 +26,35 @@ DEFAULT_PRESET = "default"
 # Inside a run directory:
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS_DIR = "checkpoints"
-# Keys a resumed run may change: budgets, evaluation cadence, bookkeeping, logging, and
-# every slurm.* key (where and how the run is launched).
-CHANGEABLE_ON_RESUME = (
-    "run_dir",
-    "launcher",
-    "threads",
-    "optim.compile",
-    "collector.total_frames",
-    "eval.interval_frames",
-    "eval.episodes",
-    "checkpoint.keep_last",
-    "logger.backend",
-    "logger.project",
-)
 
 
 class ConfigError(ValueError):
     """A user's configuration mistake: reported as one line, exit status 2."""
 
 
-def setting(default: Any, doc: str) -> Any:
-    """A config field with a one-line description shown by ``train.py --help``."""
-    return field(default=default, metadata={"doc": doc})
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    on_resume: bool = False,
+) -> Any:
+    """A config field with a one-line description (shown by ``train.py --help``) and the
+    values it accepts, which :func:`validate` checks for every field: ``choices``, or bounds
+    (``at_least``/``above``/``at_most``; for a list, each element). ``on_resume``: the key
+    may change when a run resumes (budgets, cadence, bookkeeping, not the experiment);
+    a group declared with ``metadata={"on_resume": True}`` hands that to all its keys."""
+    metadata = {"doc": doc, "choices": choices, "at_least": at_least, "above": above,
+                "at_most": at_most, "on_resume": on_resume}  # fmt: skip
+    if isinstance(default, tuple):  # a list setting: each config gets its own list
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+DEVICE_DOC = "auto | cpu | cuda | cuda:N"
 
 
 @dataclass
@@ -55,44 +62,54 @@ class EnvConfig:
     """The environment trained on."""
 
     name: str = setting("Pendulum-v1", "Gymnasium environment id, or module:id")
-    num_envs: int = setting(1, "envs stepped as one batch by each collector (a vector env)")
+    num_envs: int = setting(
+        1, "envs stepped as one batch by each collector (a vector env)", at_least=1
+    )
 
 
 @dataclass
 class NetworkConfig:
     """Sizes of the policy and value networks."""
 
-    hidden_sizes: list[int] = field(
-        default_factory=lambda: [256, 256], metadata={"doc": "hidden layer widths of every MLP"}
-    )
+    # A tuple default: setting() gives each config its own list of it.
+    hidden_sizes: list[int] = setting((256, 256), "hidden layer widths of every MLP", at_least=1)  # noqa: RUF009
 
 
 @dataclass
 class CollectorConfig:
     """How environment frames are gathered."""
 
-    total_frames: int = setting(20_000, "environment frames to train for")
-    frames_per_batch: int = setting(200, "frames collected per training iteration")
-    init_random_frames: int = setting(1_000, "frames of uniform random actions before learning")
+    total_frames: int = setting(20_000, "environment frames to train for", at_least=1,
+                                on_resume=True)  # fmt: skip
+    frames_per_batch: int = setting(200, "frames collected per training iteration", at_least=1)
+    init_random_frames: int = setting(
+        1_000, "frames of uniform random actions before learning", at_least=0
+    )
     mode: str = setting(
         "direct",
         "direct (in-process) | sync | async (worker processes) | distributed (SLURM jobs)",
+        choices=("direct", "sync", "async", "distributed"),
     )
     workers: int = setting(
-        2, "worker processes (sync and async modes; distributed: one collector per job)"
-    )
-    nodes: int = setting(2, "collection jobs submitted to SLURM (distributed mode)")
+        2, "worker processes (sync and async modes; distributed: one collector per job)",
+        at_least=1,
+    )  # fmt: skip
+    nodes: int = setting(2, "collection jobs submitted to SLURM (distributed mode)", at_least=1)
     address: str | None = setting(
         None, "address collection jobs reach the learner at (distributed; unset: this host's)"
     )
     port: int | None = setting(
-        None, "learner's rendezvous TCP port (distributed; unset: a free one; +1, +2 used too)"
-    )
+        None,
+        "learner's rendezvous TCP port (distributed; unset: a free one; +1, +2 used too)",
+        at_least=1024, at_most=65533,
+    )  # fmt: skip
     connect_timeout_s: int = setting(
-        600, "how long collection jobs may take to start and join (distributed mode)"
+        600, "how long collection jobs may take to start and join (distributed mode)", at_least=1
     )
-    device: str = setting("cpu", "where worker processes run the policy: cpu | cuda")
-    sync_every: int = setting(1, "push learner weights to the workers every N iterations")
+    device: str = setting("cpu", f"where worker processes run the policy: {DEVICE_DOC}")
+    sync_every: int = setting(
+        1, "push learner weights to the workers every N iterations", at_least=1
+    )
     compile_policy: bool = setting(
         False, "torch.compile the acting policy (faster stepping after a few seconds' compile)"
     )
@@ -102,64 +119,89 @@ class CollectorConfig:
 class OptimConfig:
     """The learner's updates."""
 
-    lr: float = setting(3e-4, "Adam learning rate of every network")
-    batch_size: int = setting(256, "transitions per gradient update")
-    utd_ratio: float = setting(1.0, "gradient updates per collected frame")
-    gamma: float = setting(0.99, "discount factor")
-    tau: float = setting(0.005, "soft target-network update rate")
+    lr: float = setting(3e-4, "Adam learning rate of every network", above=0)
+    batch_size: int = setting(256, "transitions per gradient update", at_least=1)
+    utd_ratio: float = setting(1.0, "gradient updates per collected frame", above=0)
+    gamma: float = setting(0.99, "discount factor", at_least=0, at_most=1)
     compile: bool = setting(
-        False, "torch.compile the loss: faster updates after a one-time compile (cached on disk)"
+        False,
+        "torch.compile the loss: faster updates after a one-time compile (cached on disk)",
+        on_resume=True,
     )
+
+
+@dataclass
+class SACConfig:
+    """SAC's own settings (algo=sac)."""
+
+    tau: float = setting(0.005, "soft target-network update rate", above=0, at_most=1)
+    init_alpha: float = setting(1.0, "initial entropy temperature (learned from there)", above=0)
 
 
 @dataclass
 class DQNConfig:
     """DQN's own settings (algo=dqn)."""
 
-    eps_start: float = setting(1.0, "exploration epsilon at the start")
-    eps_end: float = setting(0.05, "exploration epsilon after annealing")
-    eps_annealing_frames: int = setting(10_000, "frames over which epsilon decreases linearly")
-    target_update_interval: int = setting(10, "copy the Q-network to its target every N updates")
+    eps_start: float = setting(1.0, "exploration epsilon at the start", at_least=0, at_most=1)
+    eps_end: float = setting(0.05, "exploration epsilon after annealing", at_least=0, at_most=1)
+    eps_annealing_frames: int = setting(
+        10_000, "frames over which epsilon decreases linearly", at_least=1
+    )
+    target_update_interval: int = setting(
+        10, "copy the Q-network to its target every N updates", at_least=1
+    )
 
 
 @dataclass
 class ReplayConfig:
     """The replay buffer (memmap storage inside the run directory)."""
 
-    capacity: int = setting(100_000, "transitions kept in the buffer")
-    sampler: str = setting("prioritized_slice", "prioritized_slice | slice | prioritized | uniform")
-    slice_len: int = setting(8, "consecutive steps per sampled slice (slice samplers)")
-    alpha: float = setting(0.6, "priority exponent (prioritized samplers)")
-    beta: float = setting(0.4, "importance-weight exponent (prioritized samplers)")
-    device: str = setting("cpu", "where replay data are stored: cpu | cuda")
+    capacity: int = setting(100_000, "transitions kept in the buffer", at_least=1)
+    sampler: str = setting(
+        "prioritized_slice",
+        "prioritized_slice | slice | prioritized | uniform",
+        choices=("prioritized_slice", "slice", "prioritized", "uniform"),
+    )
+    slice_len: int = setting(8, "consecutive steps per sampled slice (slice samplers)", at_least=1)
+    alpha: float = setting(0.6, "priority exponent (prioritized samplers)", at_least=0)
+    beta: float = setting(0.4, "importance-weight exponent (prioritized samplers)", at_least=0)
+    device: str = setting("cpu", f"where replay data are stored: {DEVICE_DOC}")
 
 
 @dataclass
 class EvalConfig:
     """Deterministic evaluation, which also drives checkpoints."""
 
-    interval_frames: int = setting(2_000, "evaluate every N collected frames")
-    episodes: int = setting(10, "episodes per evaluation")
+    interval_frames: int = setting(
+        2_000, "evaluate every N collected frames", at_least=1, on_resume=True
+    )
+    episodes: int = setting(10, "episodes per evaluation", at_least=1, on_resume=True)
 
 
 @dataclass
 class CheckpointConfig:
     """Checkpoints saved after each evaluation."""
 
-    keep_last: int = setting(2, "most recent checkpoints kept (the best is kept too)")
+    keep_last: int = setting(
+        2, "most recent checkpoints kept (the best is kept too)", at_least=1, on_resume=True
+    )
 
 
 @dataclass
 class LoggerConfig:
     """Where metrics go (metrics.jsonl and curve.png are always written)."""
 
-    backend: str = setting("csv", "none | csv | wandb | tensorboard")
-    project: str = setting("rl_app", "wandb project name")
+    backend: str = setting(
+        "csv", "none | csv | wandb | tensorboard",
+        choices=("none", "csv", "wandb", "tensorboard"), on_resume=True,
+    )  # fmt: skip
+    project: str = setting("rl_app", "wandb project name", on_resume=True)
 
 
 @dataclass
 class SlurmConfig:
-    """SLURM launch (launcher=slurm): a profile from slurm/profiles/, overridable key by key."""
+    """SLURM launch (launcher=slurm): a profile from slurm/profiles/, overridable key by key.
+    Profile values are checked against the cluster when submitting."""
 
     profile: str = setting("local", "cluster profile: slurm/profiles/<profile>.yaml")
     partition: str | None = setting(None, "partition (unset: the profile's)")
@@ -189,12 +231,22 @@ class SlurmConfig:
 class Config:
     """A whole run."""
 
-    launcher: str = setting("local", "local (train here) | slurm (submit with submitit)")
-    algo: str = setting("sac", "sac (continuous actions) | dqn (discrete actions)")
-    seed: int = setting(0, "seed of every random number generator")
-    device: str = setting("auto", "learner device: auto | cpu | cuda | cuda:N")
-    threads: int = setting(1, "torch intra-op threads (one is fastest on small machines)")
-    run_dir: str | None = setting(None, "where the run's files go (default runs/<preset>-<time>)")
+    launcher: str = setting(
+        "local", "local (train here) | slurm (submit with submitit)",
+        choices=("local", "slurm"), on_resume=True,
+    )  # fmt: skip
+    algo: str = setting(
+        "sac", "sac (continuous actions) | dqn (discrete actions)", choices=("sac", "dqn")
+    )
+    seed: int = setting(0, "seed of every random number generator", at_least=0)
+    device: str = setting("auto", f"learner device: {DEVICE_DOC}")
+    threads: int = setting(
+        1, "torch intra-op threads (one is fastest on small machines)", at_least=1,
+        on_resume=True,
+    )  # fmt: skip
+    run_dir: str | None = setting(
+        None, "where the run's files go (default runs/<preset>-<time>)", on_resume=True
+    )
     env: EnvConfig = field(default_factory=EnvConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     collector: CollectorConfig = field(default_factory=CollectorConfig)
@@ -203,16 +255,31 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+    sac: SACConfig = field(default_factory=SACConfig)
     dqn: DQNConfig = field(default_factory=DQNConfig)
-    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, metadata={"on_resume": True})
 
 
-LAUNCHERS = ("local", "slurm")
 # Each algorithm and the action space it needs.
 ALGORITHM_ACTIONS = {"sac": "continuous", "dqn": "discrete"}
-COLLECTOR_MODES = ("direct", "sync", "async", "distributed")
-SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
-LOGGER_BACKENDS = ("none", "csv", "wandb", "tensorboard")
+
+
+def settings_of(
+    schema: type = Config, prefix: str = "", inherited: bool = False
+) -> Iterator[tuple[str, dataclasses.Field, dict[str, Any]]]:
+    """Every key of the schema (``"optim.lr"``, ...) with its field and metadata, groups
+    walked into; a group's ``on_resume`` is handed down to its keys."""
+    for item in dataclasses.fields(schema):
+        on_resume = inherited or item.metadata.get("on_resume", False)
+        if dataclasses.is_dataclass(item.default_factory):
+            yield from settings_of(item.default_factory, f"{prefix}{item.name}.", on_resume)
+        else:
+            yield prefix + item.name, item, {**item.metadata, "on_resume": on_resume}
+
+
+def changeable_on_resume() -> list[str]:
+    """Keys a resumed run may change (declared with ``on_resume=True``)."""
+    return [key for key, _, metadata in settings_of() if metadata["on_resume"]]
 
 
 def available_presets() -> list[str]:
@@ -223,7 +290,7 @@ def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None
     """Merge defaults, a preset and ``key=value`` overrides into a validated :class:`Config`.
 
     When ``run_dir`` names a run that holds a checkpoint, the config saved in that run
-    replaces the preset (the run resumes), and only keys in ``CHANGEABLE_ON_RESUME`` may
+    replaces the preset (the run resumes), and only keys declared ``on_resume`` may
     be overridden."""
     overrides = overrides or []
     for item in overrides:
@@ -288,19 +355,13 @@ def refuse_experiment_changes(saved: Config, resumed: Config) -> None:
     """Raise :class:`ConfigError` if a resume would change the experiment itself."""
     before = flatten(dataclasses.asdict(saved))
     after = flatten(dataclasses.asdict(resumed))
-    changed = [
-        key
-        for key in after
-        if after[key] != before[key]
-        and key not in CHANGEABLE_ON_RESUME
-        and not key.startswith("slurm.")
-    ]
+    changeable = changeable_on_resume()
+    changed = [key for key in after if after[key] != before[key] and key not in changeable]
     if changed:
         key = changed[0]
         raise ConfigError(
             f"{key}={after[key]!r} cannot change when resuming (the run was started with "
-            f"{before[key]!r}); keys that may change on resume: "
-            f"{', '.join(CHANGEABLE_ON_RESUME)}, slurm.*"
+            f"{before[key]!r}); keys that may change on resume: {', '.join(changeable)}"
         )
 
 
@@ -329,72 +390,17 @@ def field_names(group: str | None) -> list[str]:
 
 
 def validate(config: Config) -> None:
-    """Check values and ranges; raise :class:`ConfigError` naming the first bad key."""
+    """Check values against what each setting declares, then what involves several keys or
+    the machine; raise :class:`ConfigError` naming the first bad key."""
+    tree = dataclasses.asdict(config)
+    for key, _, accepted in settings_of():
+        value = tree
+        for part in key.split("."):
+            value = value[part]
+        check_declared(key, value, accepted)
+    for key in ("device", "collector.device", "replay.device"):
+        check_device(key, flatten(tree)[key], allow_auto=key == "device")
 
-    def choose(key: str, value: str, accepted: tuple[str, ...]) -> None:
-        if value not in accepted:
-            raise ConfigError(
-                f"{key}={value!r} is not accepted: choose one of {', '.join(accepted)}"
-            )
-
-    def positive(key: str, value: float, *, allow_zero: bool = False) -> None:
-        if value < 0 or (value == 0 and not allow_zero):
-            bound = ">= 0" if allow_zero else "> 0"
-            raise ConfigError(f"{key}={value!r} is out of range: it must be {bound}")
-
-    choose("launcher", config.launcher, LAUNCHERS)
-    choose("algo", config.algo, tuple(ALGORITHM_ACTIONS))
-    choose("collector.mode", config.collector.mode, COLLECTOR_MODES)
-    choose("replay.sampler", config.replay.sampler, SAMPLERS)
-    choose("logger.backend", config.logger.backend, LOGGER_BACKENDS)
-    if config.device != "auto" and config.device.split(":")[0] not in ("cpu", "cuda"):
-        raise ConfigError(
-            f"device={config.device!r} is not accepted: choose auto, cpu, cuda or cuda:N"
-        )
-    choose("replay.device", config.replay.device.split(":")[0], ("cpu", "cuda"))
-    choose("collector.device", config.collector.device.split(":")[0], ("cpu", "cuda"))
-
-    for key, value in [
-        ("threads", config.threads),
-        ("collector.total_frames", config.collector.total_frames),
-        ("collector.frames_per_batch", config.collector.frames_per_batch),
-        ("collector.sync_every", config.collector.sync_every),
-        ("collector.workers", config.collector.workers),
-        ("collector.nodes", config.collector.nodes),
-        ("env.num_envs", config.env.num_envs),
-        ("collector.connect_timeout_s", config.collector.connect_timeout_s),
-        ("dqn.eps_annealing_frames", config.dqn.eps_annealing_frames),
-        ("dqn.target_update_interval", config.dqn.target_update_interval),
-        ("optim.lr", config.optim.lr),
-        ("optim.batch_size", config.optim.batch_size),
-        ("optim.utd_ratio", config.optim.utd_ratio),
-        ("optim.tau", config.optim.tau),
-        ("replay.capacity", config.replay.capacity),
-        ("replay.slice_len", config.replay.slice_len),
-        ("eval.interval_frames", config.eval.interval_frames),
-        ("eval.episodes", config.eval.episodes),
-        ("checkpoint.keep_last", config.checkpoint.keep_last),
-    ]:
-        positive(key, value)
-    for key, value in [
-        ("seed", config.seed),
-        ("collector.init_random_frames", config.collector.init_random_frames),
-        ("replay.alpha", config.replay.alpha),
-        ("replay.beta", config.replay.beta),
-    ]:
-        positive(key, value, allow_zero=True)
-    for key, value in [
-        ("optim.gamma", config.optim.gamma),
-        ("dqn.eps_start", config.dqn.eps_start),
-        ("dqn.eps_end", config.dqn.eps_end),
-    ]:
-        if not 0 <= value <= 1:
-            raise ConfigError(f"{key}={value!r} is out of range: it must be in [0, 1]")
-    if not config.network.hidden_sizes or min(config.network.hidden_sizes) <= 0:
-        raise ConfigError(
-            f"network.hidden_sizes={config.network.hidden_sizes!r} is out of range: "
-            "give one or more positive widths"
-        )
     if config.collector.total_frames < config.collector.frames_per_batch:
         raise ConfigError(
             f"collector.total_frames={config.collector.total_frames} is out of range: "
@@ -429,6 +435,56 @@ def validate(config: Config) -> None:
             )
 
 
+def check_declared(key: str, value: Any, accepted: dict[str, Any]) -> None:
+    """``value`` against the ``choices`` and bounds its setting declares (None: unset;
+    a list: each element)."""
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"{key}=[] is out of range: give one or more values")
+        for element in value:
+            if (why := violation(element, accepted)) is not None:
+                raise ConfigError(f"{key}={value!r} is not accepted: {element!r} {why}")
+    elif value is not None and (why := violation(value, accepted)) is not None:
+        raise ConfigError(f"{key}={value!r} {why}")
+
+
+def violation(value: Any, accepted: dict[str, Any]) -> str | None:
+    """What is wrong with one value, or None."""
+    choices = accepted.get("choices")
+    if choices is not None and value not in choices:
+        return f"is not accepted: choose one of {', '.join(choices)}"
+    bounds = {">=": accepted.get("at_least"), ">": accepted.get("above"),
+              "<=": accepted.get("at_most")}  # fmt: skip
+    holds = {">=": lambda b: value >= b, ">": lambda b: value > b, "<=": lambda b: value <= b}
+    if any(bound is not None and not holds[word](bound) for word, bound in bounds.items()):
+        described = " and ".join(f"{w} {b}" for w, b in bounds.items() if b is not None)
+        return f"is out of range: it must be {described}"
+    return None
+
+
+def check_device(key: str, device: str, allow_auto: bool) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N`` (and ``auto`` where allowed), on a GPU this machine has."""
+    kind, _, index = device.partition(":")
+    accepted = "auto, cpu, cuda or cuda:N" if allow_auto else "cpu, cuda or cuda:N"
+    if (allow_auto and device == "auto") or device == "cpu":
+        return
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ConfigError(f"{key}={device!r} is not accepted: choose {accepted}")
+    import torch  # only when a GPU is asked for: the check needs CUDA's device count
+
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ConfigError(
+            f"{key}={device!r} is not available: this machine has no CUDA GPU (use cpu"
+            + (" or auto)" if allow_auto else ")")
+        )
+    if index and int(index) >= count:
+        raise ConfigError(
+            f"{key}={device!r} is not available: this machine has {count} CUDA GPU(s), "
+            f"cuda:0 to cuda:{count - 1}"
+        )
+
+
 def check_batch_split(collector: CollectorConfig, num_envs: int) -> None:
     """Sync and distributed batches are gathered evenly from every worker, and every
     collector's share is a whole number of steps of its ``num_envs`` envs."""
@@ -442,11 +498,6 @@ def check_batch_split(collector: CollectorConfig, num_envs: int) -> None:
             raise ConfigError(
                 f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: in "
                 f"distributed mode it is split evenly among collector.nodes={collector.nodes}"
-            )
-        if collector.port is not None and not 1024 <= collector.port <= 65533:
-            raise ConfigError(
-                f"collector.port={collector.port} is out of range: give 1024..65533 (the "
-                "learner listens on port, port+1 and port+2), or leave it unset for a free one"
             )
     sources = {"sync": collector.workers, "distributed": collector.nodes}.get(collector.mode, 1)
     if (collector.frames_per_batch // sources) % num_envs:
@@ -495,20 +546,13 @@ def to_yaml(config: Config) -> str:
 def describe_settings() -> str:
     """The text of ``train.py --help``: every group and key, with default and meaning."""
     lines = []
-
-    def walk(schema: Any, prefix: str) -> None:
-        for item in dataclasses.fields(schema):
-            if dataclasses.is_dataclass(item.default_factory):
-                group = item.default_factory
-                lines.append(f"\n  {prefix}{item.name}: {group.__doc__.strip()}")
-                walk(group, f"{prefix}{item.name}.")
-            else:
-                default = (
-                    item.default
-                    if item.default is not dataclasses.MISSING
-                    else item.default_factory()
-                )
-                lines.append(f"    {prefix}{item.name}={default}  ({item.metadata['doc']})")
-
-    walk(Config, "")
+    group_shown = None
+    for key, item, metadata in settings_of():
+        group_name = key.rpartition(".")[0]
+        if group_name and group_name != group_shown:
+            schema = {f.name: f.default_factory for f in dataclasses.fields(Config)}[group_name]
+            lines.append(f"\n  {group_name}: {schema.__doc__.splitlines()[0].strip()}")
+            group_shown = group_name
+        default = item.default_factory() if item.default is dataclasses.MISSING else item.default
+        lines.append(f"    {key}={default}  ({metadata['doc']})")
     return "\n".join(lines)

@@ -24,6 +24,14 @@ from rl_app.config import EnvConfig
 # Evaluation episodes use seeds far from the training ones, so that the agent is scored on
 # starts it did not necessarily train from.
 EVAL_SEED_OFFSET = 1_000_003
+# Collector i (a worker process or a collection job) seeds its env with seed + i * stride:
+# distinct, reproducible episodes.
+WORKER_SEED_STRIDE = 10_007
+
+
+def worker_seed(seed: int, worker: int) -> int:
+    """The env seed of collector ``worker`` in a run seeded with ``seed``."""
+    return seed + worker * WORKER_SEED_STRIDE
 
 
 class ReplayableReset(gym.Wrapper):

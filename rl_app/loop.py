@@ -17,13 +17,15 @@ import random
 import shutil
 import time
 import traceback
-from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase
 from torchrl.checkpoint import GlobalRNGState
 from torchrl.collectors import BaseCollector
 from torchrl.data import TensorDictReplayBuffer
@@ -42,7 +44,7 @@ from rl_app.config import CHECKPOINTS_DIR, CONFIG_FILE, Config, holds_checkpoint
 from rl_app.envs import make_env
 from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
-from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, RunLogger
+from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
 from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, write_priorities
 
 log = logging.getLogger("rl_app")
@@ -67,6 +69,11 @@ class Progress:
     best_eval_reward: float = float("-inf")
     last_eval_reward: float = float("nan")
 
+    def record_eval(self, eval_reward: float) -> None:
+        self.last_eval_frames = self.frames
+        self.last_eval_reward = eval_reward
+        self.best_eval_reward = max(self.best_eval_reward, eval_reward)
+
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -88,19 +95,32 @@ class TrainResult:
     seconds_per_phase: dict[str, float]
 
 
+# The phases of an iteration, in order: wall time is kept per phase (``make bench`` reads
+# these names), and an error message names the phase it happened in.
+PHASES = (
+    "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
+    "checking metrics", "syncing weights", "evaluating", "logging", "saving a checkpoint",
+)  # fmt: skip
+
+
 class PhaseTimer:
-    """Wall time per phase of the loop. ``enter(name)`` starts a phase and ends the one
-    before; ``current`` names the phase in progress (for error messages)."""
+    """Wall time per phase of the loop: ``with phases("sampling"): ...``. ``current``
+    names the phase in progress, or the last one entered (for error messages)."""
 
     def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
+        self.seconds = dict.fromkeys(PHASES, 0.0)
         self.current = "starting"
-        self._since = time.perf_counter()
 
-    def enter(self, phase: str) -> None:
-        now = time.perf_counter()
-        self.seconds[self.current] += now - self._since
-        self.current, self._since = phase, now
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if phase not in self.seconds:
+            raise KeyError(f"unknown phase {phase!r}: the phases are {', '.join(PHASES)}")
+        self.current = phase
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - started
 
 
 @dataclass
@@ -246,54 +266,56 @@ def run_iterations(run: Run) -> TrainResult:
     updates_per_iteration = max(
         1, round(config.collector.frames_per_batch * config.optim.utd_ratio)
     )
+    batches = iter(run.collector)
     with StopRequest().installed() as stop:
-        phases.enter("collecting")
-        for batch in run.collector:
+        while True:
+            with phases("collecting"):
+                batch = next(batches)
             check_workers(run.collector, config.env.name)
             progress.frames += batch.numel()
             progress.iterations += 1
-            algorithm.after_collect(progress.frames)
-            phases.enter("extending the buffer")
-            buffer.extend(batch.reshape(-1).select(*algorithm.replay_keys(), TRAJECTORY_KEY))
+            progress.episodes += episodes_ended(batch)
+            algorithm.after_collect(batch.numel())
+            with phases("extending the buffer"):
+                buffer.extend(batch.reshape(-1).select(*algorithm.replay_keys(), TRAJECTORY_KEY))
 
             update_metrics = []
             if progress.frames >= config.collector.init_random_frames:
                 for _ in range(updates_per_iteration):
-                    phases.enter("sampling")
-                    sample = buffer.sample().to(run.devices.learner)
-                    phases.enter("updating")
-                    update_metrics.append(algorithm.update(sample))
-                    phases.enter("writing priorities")
-                    write_priorities(buffer, sample)
+                    with phases("sampling"):
+                        sample = buffer.sample().to(run.devices.learner)
+                    with phases("updating"):
+                        update_metrics.append(algorithm.update(sample))
+                    with phases("writing priorities"):
+                        write_priorities(buffer, sample)
                 progress.updates += updates_per_iteration
-            phases.enter("checking metrics")
-            metrics = iteration_metrics(batch, update_metrics, progress, run.weight_sync.version)
-            refuse_non_finite(metrics, run)
+            with phases("checking metrics"):
+                metrics = iteration_metrics(
+                    batch, update_metrics, progress, run.weight_sync.version
+                )
+                refuse_non_finite(metrics, run)
 
             if progress.iterations % config.collector.sync_every == 0:
-                phases.enter("syncing weights")
-                run.weight_sync.push()
+                with phases("syncing weights"):
+                    run.weight_sync.push()
 
             # Decided once per iteration: a signal arriving after this point waits for the
             # next boundary, so that a stop always evaluates and saves first.
             stopping = progress.frames >= config.collector.total_frames or stop.requested
             eval_due = progress.frames - progress.last_eval_frames >= config.eval.interval_frames
             if eval_due or stopping:
-                phases.enter("evaluating")
-                eval_reward = evaluate(config, algorithm.policy_factory(), algorithm.policy)
-                progress.last_eval_frames = progress.frames
-                progress.last_eval_reward = eval_reward
-                progress.best_eval_reward = max(progress.best_eval_reward, eval_reward)
-                metrics["eval/return"] = eval_reward
-            phases.enter("logging")
-            run.logger.log(progress.frames, metrics)
-            if "eval/return" in metrics:
-                phases.enter("saving a checkpoint")
-                save_checkpoint(run, metrics["eval/return"])
+                with phases("evaluating"):
+                    metrics[EVAL_KEY] = evaluate(
+                        config, algorithm.policy_factory(), algorithm.policy
+                    )
+                progress.record_eval(metrics[EVAL_KEY])
+            with phases("logging"):
+                run.logger.log(progress.frames, metrics)
+            if EVAL_KEY in metrics:
+                with phases("saving a checkpoint"):
+                    save_checkpoint(run, metrics[EVAL_KEY])
             if stopping:
                 break
-            phases.enter("collecting")
-    phases.enter("done")
     # A signal that came with the last iteration stopped nothing: the run is complete.
     return summarize(run, stop.reason if progress.frames < config.collector.total_frames else None)
 
@@ -337,12 +359,24 @@ def refuse_non_finite(metrics: dict[str, float], run: Run) -> None:
             )
 
 
+def episodes_ended(batch: TensorDictBase) -> int:
+    return int(batch["next", "done"].sum())
+
+
 def iteration_metrics(
-    batch: Any, update_metrics: list[Any], progress: Progress, policy_version: int
+    batch: TensorDictBase,
+    update_metrics: list[TensorDictBase],
+    progress: Progress,
+    policy_version: int,
 ) -> dict[str, float]:
-    """Scalars of one iteration: mean update losses, finished training episodes, counters,
-    and how many weight pushes behind the learner the batch's stalest frame was."""
-    metrics: dict[str, float] = {"iteration": progress.iterations, "updates": progress.updates}
+    """Scalars of one iteration: mean update losses, the return of training episodes that
+    ended, counters, and how many weight pushes behind the learner the batch's stalest
+    frame was."""
+    metrics: dict[str, float] = {
+        "iteration": progress.iterations,
+        "updates": progress.updates,
+        "episodes": progress.episodes,
+    }
     if ("next", "policy_version") in batch.keys(include_nested=True):
         # TorchRL writes the version with the env's output: the version a frame's action was
         # taken with is the one written by the step that frame made, under "next".
@@ -353,8 +387,6 @@ def iteration_metrics(
         metrics.update({f"train/{name}": value.item() for name, value in means.items()})
     episode_ends = batch["next", "done"].reshape(-1)
     if episode_ends.any():
-        progress.episodes += int(episode_ends.sum())
         returns = batch["next", "episode_reward"].reshape(-1)[episode_ends]
         metrics["train/episode_return"] = returns.mean().item()
-    metrics["episodes"] = progress.episodes
     return metrics

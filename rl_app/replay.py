@@ -18,11 +18,12 @@ from torchrl.data import (
 )
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rl_app.algorithms import PRIORITY_KEY
 from rl_app.config import ReplayConfig
 
 # The collector numbers every trajectory; slices are cut within one id.
 TRAJECTORY_KEY = ("collector", "traj_ids")
+# Where an algorithm's update writes one new priority per sampled transition.
+PRIORITY_KEY = "td_error"
 
 
 def make_sampler(replay: ReplayConfig) -> Sampler:

@@ -1,34 +1,16 @@
-"""Shared helpers: tiny but real training configurations, and the local SLURM cluster."""
+"""Fixtures: tiny but real training configurations, and the local SLURM cluster (shared
+helpers are in tests/helpers.py)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from rl_app.config import Config, load_config
-
-ROOT = Path(__file__).resolve().parent.parent
-TRAIN_PY = ROOT / "train.py"
-PYTHON = sys.executable
-UP_SCRIPT = ROOT / "slurm" / "local-cluster" / "up.sh"
-
-# A run of a few seconds: small networks, a few evaluations, real env, real buffer on disk.
-TINY_RUN = [
-    "network.hidden_sizes=[32,32]",
-    "collector.total_frames=1200",
-    "collector.frames_per_batch=200",
-    "collector.init_random_frames=400",
-    "optim.utd_ratio=0.1",
-    "optim.batch_size=64",
-    "replay.capacity=5000",
-    "eval.interval_frames=400",
-    "eval.episodes=2",
-    "logger.backend=none",
-]
+from tests.helpers import TINY_RUN, UP_SCRIPT
 
 
 @pytest.fixture

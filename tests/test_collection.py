@@ -5,43 +5,25 @@ priorities never land on new records, and a failing worker takes nobody down wit
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import pytest
 import torch
 from tensordict import TensorDict
 
-from rl_app.algorithms import PRIORITY_KEY, make_algorithm
+from rl_app.algorithms import make_algorithm
 from rl_app.collection import WeightSync, decide_devices, make_collector
 from rl_app.config import ReplayConfig
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import Progress, RunFailed, iteration_metrics, train
-from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, write_priorities
+from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY, make_replay_buffer, write_priorities
 from tests import faulty_envs
+from tests.helpers import actor_version, child_processes, collect_around_a_push
 
 # Batches of 130 frames straddle episode ends (200 steps) for the first 2,600 frames of a
 # worker, so consecutive batches of one worker share a trajectory.
 MP_RUN = ["collector.workers=2", "collector.init_random_frames=0", "collector.frames_per_batch=130"]
-
-
-def child_processes() -> set[int]:
-    """Live child processes of this process (the multiprocessing resource tracker aside)."""
-    children = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        state = stat.rsplit(")", 1)[1].split()[0]
-        if parent == os.getpid() and state != "Z" and b"resource_tracker" not in cmdline:
-            children.add(int(entry.name))
-    return children
 
 
 def group_by_worker(batches: list[TensorDict]) -> list[list[int]]:
@@ -57,37 +39,6 @@ def group_by_worker(batches: list[TensorDict]) -> list[list[int]]:
         )
         groups = [group for group in groups if all(group is not t for t in touching)] + [merged]
     return [sorted(indices) for _, indices in groups]
-
-
-def actor_outputs(policy, weights, observation: torch.Tensor) -> TensorDict:
-    """loc/scale the actor computes with ``weights`` on ``observation``."""
-    copy_ = copy.deepcopy(policy)
-    copy_.load_state_dict(weights)
-    with torch.no_grad():
-        return copy_.module[0](TensorDict({"observation": observation}, observation.shape[:1]))
-
-
-def collect_around_a_push(
-    collector, algorithm, env_name: str, moved_at: int, pushed_at: int, batches: int
-) -> tuple[list[TensorDict], dict[int, dict]]:
-    """Collect ``batches`` batches: the learner's weights change after batch ``moved_at``
-    without a push, and are pushed after batch ``pushed_at``. Returns the batches and the
-    weights of each version sent (1: the initial push, 2: the later one)."""
-    weight_sync = WeightSync(collector, algorithm, env_name)  # version 1
-    snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
-    collected = []
-    for index, batch in enumerate(collector):
-        collected.append(batch)
-        if index == moved_at:
-            with torch.no_grad():  # the learner moves on; the collector must not see it yet
-                for parameter in algorithm.policy.parameters():
-                    parameter.add_(0.05 * torch.randn_like(parameter))
-        if index == pushed_at:
-            weight_sync.push()  # version 2
-            snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
-        if index == batches - 1:
-            return collected, snapshots
-    raise AssertionError("unreachable: collectors run until stopped")
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
@@ -131,19 +82,6 @@ def test_workers_act_with_the_weights_the_learner_sent(tiny_config, mode: str) -
         versions = torch.cat([actor_version(b, snapshots, algorithm.policy) for b in row])
         assert set(versions.tolist()) == {1, 2}
         assert (versions.diff() >= 0).all()
-
-
-def actor_version(batch: TensorDict, snapshots: dict, policy) -> torch.Tensor:
-    """The snapshot version each frame of ``batch`` acted with (0: none). The actor's
-    loc/scale are a function of the observation and the weights: recompute them with
-    every snapshot."""
-    acted = torch.zeros(len(batch), dtype=torch.long)
-    for version, weights in snapshots.items():
-        expected = actor_outputs(policy, weights, batch["observation"])
-        same = ((batch["loc"] - expected["loc"]).abs() < 1e-5).squeeze(-1)
-        same &= ((batch["scale"] - expected["scale"]).abs() < 1e-5).squeeze(-1)
-        acted[same] = version
-    return acted
 
 
 def test_policy_lag_is_learner_version_minus_the_stalest_frame() -> None:

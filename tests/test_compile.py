@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_app.algorithms import PRIORITY_KEY, make_algorithm
+from rl_app.algorithms import make_algorithm
 from rl_app.config import load_config
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import train
-from tests.conftest import TINY_RUN
+from rl_app.replay import PRIORITY_KEY
+from tests.helpers import TINY_RUN
 
 
 @pytest.mark.parametrize("preset", ["default", "dqn_cartpole"])

@@ -4,20 +4,13 @@ with one line that names the key, before anything is created."""
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 
 from rl_app.config import ConfigError, load_config
-from tests.conftest import PYTHON, TRAIN_PY
-
-
-def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [PYTHON, str(TRAIN_PY), *args], cwd=cwd, capture_output=True, text=True, timeout=120
-    )
+from tests.helpers import run_train
 
 
 @pytest.mark.parametrize(

@@ -11,20 +11,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensordict import TensorDict
 
 from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import checkpoint_candidates, verify_checkpoint
 from rl_app.collection import decide_devices, make_collector
 from rl_app.config import CHECKPOINTS_DIR
-from rl_app.distributed import SlurmCollectionJobs
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, train
 from rl_app.replay import TRAJECTORY_KEY
-from tests.conftest import PYTHON, TINY_RUN, TRAIN_PY
-from tests.test_collection import actor_version, child_processes, collect_around_a_push
-from tests.test_slurm import wait_for
+from rl_app.scale.distributed import relabel_trajectory_ids
+from tests.helpers import (
+    PYTHON,
+    TINY_RUN,
+    TRAIN_PY,
+    actor_version,
+    child_processes,
+    collect_around_a_push,
+    wait_for,
+)
 
 DISTRIBUTED_RUN = [
     "collector.mode=distributed",
@@ -131,23 +136,16 @@ def test_trajectory_ids_are_unique_across_jobs_batches_and_resumes() -> None:
     shifted = local.clone()
     for job in range(1, 3):
         shifted[job] += shifted[job - 1].max()
-    jobs = SlurmCollectionJobs.__new__(SlurmCollectionJobs)  # no SLURM: the relabelling only
-    jobs.num_workers, jobs.traj_id_base, jobs.next_traj_id = 3, 0, 0
-    batch = TensorDict({TRAJECTORY_KEY: shifted}, [3, 4])
-    ids = jobs.relabel_trajectories(batch)[TRAJECTORY_KEY]
+    ids = relabel_trajectory_ids(shifted, base=0)
     assert torch.equal(ids, local * 3 + torch.arange(3).unsqueeze(-1))
     assert len(set(ids.flatten().tolist())) == len(
         {(j, k) for j in range(3) for k in local[j].tolist()}
     )
 
-    # A resumed run starts above every id the checkpoint saw.
-    resumed = SlurmCollectionJobs.__new__(SlurmCollectionJobs)
-    resumed.num_workers = 3
-    resumed.load_state_dict(jobs.state_dict())
-    again = resumed.relabel_trajectories(
-        TensorDict({TRAJECTORY_KEY: torch.zeros(3, 4, dtype=torch.long)}, [3, 4])
-    )
-    assert again[TRAJECTORY_KEY].min() > ids.max()
+    # A resumed run starts above every id the checkpoint saw (the collector saves the
+    # next free id and relabels from there).
+    again = relabel_trajectory_ids(torch.zeros(3, 4, dtype=torch.long), base=int(ids.max()) + 1)
+    assert again.min() > ids.max()
 
 
 @pytest.mark.slurm

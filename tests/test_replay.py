@@ -11,10 +11,10 @@ from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
-from rl_app.algorithms import PRIORITY_KEY, make_algorithm
+from rl_app.algorithms import make_algorithm
 from rl_app.config import EnvConfig, ReplayConfig
 from rl_app.envs import make_env
-from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer
+from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY, make_replay_buffer
 
 SLICE_LEN = 4
 NUM_SLICES = 16

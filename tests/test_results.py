@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_app.results import markdown_table, plot_curves, summarize_preset
+from tools.results import markdown_table, plot_curves, summarize_preset
 
 
 def fake_run(run_dir: Path, evals: list[float], wall_seconds: float) -> Path:

@@ -19,7 +19,7 @@ from rl_app.config import ConfigError, load_config
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, build_run, run_iterations, train
 from tests import faulty_envs
-from tests.conftest import PYTHON, TINY_RUN, TRAIN_PY
+from tests.helpers import PYTHON, TINY_RUN, TRAIN_PY
 
 
 def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:

@@ -14,17 +14,15 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rl_app.logger import read_metrics
-from rl_app.slurm import read_array_summary, read_attempts
-from tests.conftest import PYTHON, TINY_RUN, TRAIN_PY
+from rl_app.scale.job import read_attempts
+from rl_app.scale.launch import read_array_summary
+from tests.helpers import FINAL_STATES, PYTHON, TINY_RUN, TRAIN_PY, job_state, wait_for
 
 pytestmark = pytest.mark.slurm
-
-FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
 
 
 @pytest.fixture
@@ -48,33 +46,6 @@ def launch(slurm_cluster: None) -> Iterator[Callable[..., list[str]]]:
     yield submit
     if job_ids:
         subprocess.run(["scancel", *{job.split("_")[0] for job in job_ids}], check=False)
-
-
-def wait_for(
-    what: str, predicate: Callable[[], Any], timeout: float, job_id: str | None = None
-) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what``, and at
-    once if job ``job_id`` ends in the meantime."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if job_id is not None and job_state(job_id) in FINAL_STATES:
-            raise AssertionError(f"job {job_id} ended ({job_state(job_id)}) before {what}")
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def job_state(job_id: str) -> str:
-    """The job's state in accounting, e.g. RUNNING, COMPLETED ('' until it is recorded)."""
-    answer = subprocess.run(
-        ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
-         "--format=State"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    states = answer.stdout.split()
-    return states[-1].split()[0] if states else ""
 
 
 def wait_until_done(job_id: str, timeout: float) -> str:

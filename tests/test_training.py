@@ -3,19 +3,15 @@ checkpoint restores into freshly built objects with equal state."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
+from rl_app.logger import read_metrics
 from rl_app.loop import build_run, run_iterations, train
 from rl_app.replay import TRAJECTORY_KEY
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_short_run_writes_config_metrics_curve_and_checkpoints(tiny_config) -> None:

@@ -3,8 +3,8 @@
 The loop never imports an algorithm module: it calls :func:`rl_app.algorithms.make_algorithm`
 and then only the methods below. Adding an algorithm means one module implementing
 :class:`Algorithm`, its name in ``ALGORITHMS`` (``rl_app/algorithms/__init__.py``) and in
-``ALGORITHM_ACTIONS`` (``rl_app/config.py``, with a settings group if it has its own
-settings), and one preset in ``configs/``.
+``ALGORITHM_ACTIONS`` and the ``algo`` choices (``rl_app/config.py``, with a settings group
+if it has its own settings), and one preset in ``configs/``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.objectives import LossModule
-
-# Key under which `update` writes one priority per sampled transition.
-PRIORITY_KEY = "td_error"
 
 
 class Algorithm(abc.ABC):
@@ -46,12 +43,13 @@ class Algorithm(abc.ABC):
     def update(self, batch: TensorDictBase) -> TensorDictBase:
         """One gradient step on a sampled batch.
 
-        Writes ``batch[PRIORITY_KEY]`` (one new priority per transition) and returns the
-        detached scalar metrics of the step (losses, temperature, ...)."""
+        Writes ``batch[PRIORITY_KEY]`` (:mod:`rl_app.replay`: one new priority per
+        transition) and returns the detached scalar metrics of the step (losses, ...)."""
 
-    @abc.abstractmethod
-    def after_collect(self, frames: int) -> None:
-        """Advance exploration schedules once ``frames`` environment frames are collected."""
+    def after_collect(self, new_frames: int) -> None:
+        """Advance exploration schedules by ``new_frames`` just-collected frames (none by
+        default: a stochastic policy explores by itself)."""
+        return
 
     @abc.abstractmethod
     def checkpoint_components(self) -> dict[str, Any]:

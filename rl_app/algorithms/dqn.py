@@ -16,8 +16,9 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate
 
-from rl_app.algorithms.base import PRIORITY_KEY, Algorithm, loss_function
+from rl_app.algorithms.base import Algorithm, loss_function
 from rl_app.config import Config, DQNConfig, NetworkConfig
+from rl_app.replay import PRIORITY_KEY
 
 
 def make_policy(
@@ -27,7 +28,8 @@ def make_policy(
     action_spec: TensorSpec,
     env: EnvBase | None = None,
 ) -> TensorDictSequential:
-    """Q-network -> greedy action, then epsilon-greedy exploration.
+    """Q-network -> greedy action, then epsilon-greedy exploration, its epsilon annealed
+    linearly over ``dqn.eps_annealing_frames`` by :meth:`EGreedyModule.step`.
 
     The exploration step acts only when the policy explores (collection); evaluation runs
     it deterministically, which leaves the greedy action. ``env`` is accepted and unused
@@ -39,14 +41,13 @@ def make_policy(
         activation_class=nn.ReLU,
     )
     actor = QValueActor(qnetwork, in_keys=["observation"], spec=action_spec)
-    explore = EGreedyModule(action_spec, eps_init=dqn.eps_start, eps_end=dqn.eps_end)
+    explore = EGreedyModule(
+        action_spec,
+        eps_init=dqn.eps_start,
+        eps_end=dqn.eps_end,
+        annealing_num_steps=dqn.eps_annealing_frames,
+    )
     return TensorDictSequential(actor, explore)
-
-
-def epsilon_at(dqn: DQNConfig, frames: int) -> float:
-    """Linear annealing from ``eps_start`` to ``eps_end`` over ``eps_annealing_frames``."""
-    progress = min(1.0, frames / dqn.eps_annealing_frames)
-    return dqn.eps_start + progress * (dqn.eps_end - dqn.eps_start)
 
 
 class DQN(Algorithm):
@@ -57,7 +58,9 @@ class DQN(Algorithm):
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._network = config.network
         self._dqn = config.dqn
-        self.policy = self.policy_factory()().to(device)
+        self.policy = make_policy(
+            config.network, config.dqn, self._observation_dim, self._action_spec
+        ).to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
         self.loss = DQNLoss(actor, delay_value=True, double_dqn=True, loss_function="l2")
         self.loss.set_keys(priority=PRIORITY_KEY)
@@ -84,8 +87,8 @@ class DQN(Algorithm):
         losses["epsilon"] = self.exploration.eps
         return losses.detach()
 
-    def after_collect(self, frames: int) -> None:
-        self.exploration.eps.fill_(epsilon_at(self._dqn, frames))
+    def after_collect(self, new_frames: int) -> None:
+        self.exploration.step(new_frames)
 
     def checkpoint_components(self) -> dict[str, Any]:
         # The loss module holds the Q-network and its target; the exploration module its

@@ -15,8 +15,9 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
 from torchrl.objectives import SACLoss, SoftUpdate
 
-from rl_app.algorithms.base import PRIORITY_KEY, Algorithm, loss_function
+from rl_app.algorithms.base import Algorithm, loss_function
 from rl_app.config import Config, NetworkConfig
+from rl_app.replay import PRIORITY_KEY
 
 
 def make_actor(
@@ -67,7 +68,8 @@ class SAC(Algorithm):
         self._observation_dim = env.observation_spec["observation"].shape[-1]
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._network = config.network
-        self.policy = self.policy_factory()().to(device)
+        self.policy = make_actor(config.network, self._observation_dim, self._action_spec)
+        self.policy.to(device)
         qvalue = make_qvalue(config.network, self._observation_dim, self._action_spec.shape[-1]).to(
             device
         )
@@ -75,13 +77,14 @@ class SAC(Algorithm):
             self.policy,
             qvalue,
             num_qvalue_nets=2,
+            alpha_init=config.sac.init_alpha,
             action_spec=self._action_spec.to(device),
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
         # The value target bootstraps through ("next", "terminated"), never through the
         # "done" that slice samplers set at slice ends.
         self.loss.make_value_estimator(gamma=config.optim.gamma)
-        self.target_updater = SoftUpdate(self.loss, tau=config.optim.tau)
+        self.target_updater = SoftUpdate(self.loss, tau=config.sac.tau)
         # One optimizer over actor, critics and temperature: each loss term only reaches
         # its own parameters (SACLoss detaches the others), so the summed loss is exact.
         self.optimizer = torch.optim.Adam(self.loss.parameters(), lr=config.optim.lr)
@@ -100,9 +103,6 @@ class SAC(Algorithm):
         self.optimizer.step()
         self.target_updater.step()
         return losses.detach()
-
-    def after_collect(self, frames: int) -> None:
-        """SAC explores through its stochastic policy: there is no schedule to advance."""
 
     def checkpoint_components(self) -> dict[str, Any]:
         # The loss module holds actor, critics, target critics and the temperature.

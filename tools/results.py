@@ -1,4 +1,4 @@
-"""``make results``: the shipped presets over several seeds, summarised for the README.
+"""``make results`` (``python -m tools.results``): the shipped presets over several seeds.
 
 Each (preset, seed) trains in ``runs/results/<preset>-seed<seed>`` (a run already complete
 there is not trained again: ``train`` finds its checkpoint and returns). The summary, per

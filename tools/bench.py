@@ -1,4 +1,4 @@
-"""``make bench``: measured speed, printed and written to ``bench.json`` in a run directory.
+"""``make bench`` (``python -m tools.bench``): measured speed, written to ``bench.json``.
 
 Sections, each measured in the same process, one after the other:
 - machine: platform, cores, versions, and the measured float32 matmul rate of one thread;
@@ -51,17 +51,13 @@ from rl_app.checkpointing import disk_size, verify_checkpoint
 from rl_app.collection import WeightSync, decide_devices, make_collector
 from rl_app.config import Config, ConfigError, load_config
 from rl_app.envs import make_env
-from rl_app.loop import build_run, run_iterations, train
+from rl_app.loop import PHASES, build_run, run_iterations, train
 from rl_app.replay import TRAJECTORY_KEY
-from rl_app.sb3_baseline import evaluate_on_fixed_seeds, run_sb3_sac
+from tools.sb3_baseline import evaluate_on_fixed_seeds, run_sb3_sac
 
 BENCH_FRAMES = 6_000
 BENCH_CAPACITY = 1_000_000
 CHECKPOINT_BUFFER = 100_000
-PHASES = (
-    "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
-    "checking metrics", "syncing weights", "evaluating", "logging", "saving a checkpoint",
-)  # fmt: skip
 
 
 def matmul_flops_per_second(size: int = 256, repeats: int = 400) -> float:
@@ -156,9 +152,9 @@ def bench_training(config: Config) -> dict[str, Any]:
     wall = time.perf_counter() - started
     iterations = result.frames // config.collector.frames_per_batch
     seconds = result.seconds_per_phase
-    checkpoint_share = seconds.get("saving a checkpoint", 0.0) / wall
-    iteration_seconds = sum(seconds.get(phase, 0.0) for phase in PHASES)
-    replay_seconds = seconds.get("sampling", 0.0) + seconds.get("writing priorities", 0.0)
+    checkpoint_share = seconds["saving a checkpoint"] / wall
+    iteration_seconds = sum(seconds.values())
+    replay_seconds = seconds["sampling"] + seconds["writing priorities"]
     return {
         "replay_capacity": config.replay.capacity,
         "sampling_and_priority_share_of_iteration": replay_seconds / iteration_seconds,
@@ -167,8 +163,8 @@ def bench_training(config: Config) -> dict[str, Any]:
         "wall_seconds": wall,
         "frames_per_second": result.frames / wall,
         "updates_per_second": result.updates / wall,
-        "ms_per_update_step": 1000 * seconds.get("updating", 0.0) / max(result.updates, 1),
-        "ms_per_iteration": {p: 1000 * seconds.get(p, 0.0) / iterations for p in PHASES},
+        "ms_per_update_step": 1000 * seconds["updating"] / max(result.updates, 1),
+        "ms_per_iteration": {p: 1000 * seconds[p] / iterations for p in PHASES},
         "checkpoint_share_of_wall_time": checkpoint_share,
     }
 

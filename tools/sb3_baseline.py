@@ -1,9 +1,9 @@
-"""Stable-Baselines3 SAC baseline for ``rl_app.bench``: the same Pendulum workload, timed alike.
+"""Stable-Baselines3 SAC baseline for ``tools/bench.py``: the same Pendulum workload, timed alike.
 
 SB3 runs in its own virtual environment (``.venv-sb3``, pinned by ``requirements-sb3.txt``) so
 that its dependencies never touch the project's. This file is both a library for the project
 (``run_sb3_sac``, ``evaluate_on_fixed_seeds``) and the script that the SB3 venv's python runs:
-``python rl_app/sb3_baseline.py --seed S --frames N --learning-starts L`` prints one JSON line.
+``python tools/sb3_baseline.py --seed S --frames N --learning-starts L`` prints one JSON line.
 
 Only gymnasium, numpy and the standard library are imported at module level (torch and SB3 are
 imported inside ``main``), and nothing from rl_app, torchrl or tensordict: run as a script, the

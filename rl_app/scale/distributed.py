@@ -6,21 +6,14 @@ TorchRL collector, and joins the learner over ``torch.distributed`` (gloo); the 
 receives one batch gathered from every job per iteration and pushes weights to them with
 TorchRL's ``DistributedWeightSyncScheme``.
 
-:class:`SlurmCollectionJobs` is that collector with what TorchRL 0.14.1 lacks for this
-use, all in one place:
+:class:`SlurmCollectionJobs` adds what a long run on a cluster needs (what works around
+TorchRL 0.14.1 itself is in :mod:`rl_app.upstream`):
 
-- the rendezvous address and the submitit executor (folder, SLURM resources) are ours:
-  TorchRL takes the host name's address and a ``./log_test`` folder;
-- the learner waits ``collector.connect_timeout_s`` for the jobs to join, where TorchRL
-  would wait 1,000 days (``MAX_TIME_TO_CONNECT`` is passed to ``timedelta`` as days);
-- an endless collector (``total_frames=-1``) yields nothing: ask for an unbounded count;
-- each batch's trajectory ids are made unique across jobs and across resumes: TorchRL
-  shifts job ``i``'s ids by job ``i-1``'s largest, so the first trajectory of one job
-  takes the id of the last of the other, and the shift changes from batch to batch;
+- each batch's trajectory ids are unique across jobs and across resumes;
 - a job that ends mid-run shows up as a gloo "Connection reset by peer" (or a timeout):
   it is reported with its job id, state and log;
-- shutting down with a job gone raises in TorchRL and leaves the others running: every
-  job is cancelled on every exit path.
+- every job is cancelled on every exit path (TorchRL's shutdown raises with a job gone,
+  leaving the others running).
 """
 
 from __future__ import annotations
@@ -38,19 +31,21 @@ import submitit
 import torch
 from tensordict import TensorDictBase
 from torchrl.collectors import Collector
-from torchrl.collectors.distributed import DistributedCollector
-from torchrl.collectors.distributed import generic as torchrl_distributed
 
 from rl_app.config import Config
-from rl_app.envs import env_factory
+from rl_app.envs import env_factory, worker_seed
 from rl_app.replay import TRAJECTORY_KEY
+from rl_app.scale.cluster import JOB_DIR, collection_job_settings, make_executor
+from rl_app.upstream import (
+    ExecutorDistributedCollector,
+    undo_trajectory_id_shifts,
+    weight_sync_kept_open,
+)
 
 log = logging.getLogger("rl_app")
 
 # Inside a run directory's slurm/ folder: the collection jobs' submitit files and logs.
 COLLECTION_JOBS_DIR = "collectors"
-# "Never stop" for TorchRL's distributed iterator (it treats -1 as zero frames).
-UNBOUNDED_FRAMES = 2**62
 # After a collective fails, how long SLURM may take to show the job that ended.
 JOB_STATE_WAIT_S = 30.0
 RUNNING_STATES = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "UNKNOWN")
@@ -60,56 +55,17 @@ class CollectionJobEnded(RuntimeError):
     """A collection job stopped while the learner needed it."""
 
 
-class SlurmCollectionJobs(DistributedCollector):
-    """TorchRL's distributed collector, submitting its jobs with ``executor`` and
-    rendezvousing at ``address:port``; see the module docstring for what it adds."""
+class SlurmCollectionJobs(ExecutorDistributedCollector):
+    """TorchRL's distributed collector on SLURM jobs; see the module docstring."""
 
-    def __init__(
-        self,
-        env_makers: list[Any],
-        *,
-        executor: submitit.AutoExecutor,
-        address: str,
-        port: int,
-        connect_timeout_s: float,
-        **kwargs: Any,
-    ) -> None:
-        # Read by _init_workers, which TorchRL's __init__ calls.
-        self.executor = executor
-        self.address = address
-        self.connect_timeout_s = connect_timeout_s
+    def __init__(self, env_makers: list[Any], **kwargs: Any) -> None:
         self.traj_id_base = self.next_traj_id = 0
-        super().__init__(
-            env_makers,
-            launcher="submitit",
-            sync=True,
-            total_frames=UNBOUNDED_FRAMES,
-            tcp_port=port,
-            **kwargs,
-        )
-
-    # -- starting: submit the jobs, wait for them to join -----------------------------------
-
-    def _init_workers(self) -> None:
-        self.IPAddr = self.address
-        self.jobs: list[submitit.Job] = []
-        default_wait_days = torchrl_distributed.MAX_TIME_TO_CONNECT
         try:
-            for node in range(self.num_workers):
-                self.jobs.append(self._init_worker_dist_submitit(self.executor, node))
-            log.info(
-                "submitted collection jobs %s; logs in %s; waiting for them at %s:%s",
-                ", ".join(job.job_id for job in self.jobs),
-                self.executor.folder, self.address, self.tcp_port,
-            )  # fmt: skip
-            torchrl_distributed.MAX_TIME_TO_CONNECT = self.connect_timeout_s / 86_400
             with self.blaming_ended_jobs("waiting for collection jobs to join"):
-                self._init_master_dist(self.num_workers + 1, self.backend)
+                super().__init__(env_makers, **kwargs)
         except BaseException:
             self.cancel_jobs()
             raise
-        finally:
-            torchrl_distributed.MAX_TIME_TO_CONNECT = default_wait_days
 
     # -- running ---------------------------------------------------------------------------
 
@@ -123,14 +79,7 @@ class SlurmCollectionJobs(DistributedCollector):
             super().update_policy_weights_(*args, **kwargs)
 
     def relabel_trajectories(self, batch: TensorDictBase) -> TensorDictBase:
-        """Job ``j``'s local trajectory ``k`` becomes ``base + k * jobs + j``: unique
-        across jobs, stable from batch to batch, and above every id of an earlier attempt
-        of the run (``base``, restored from the checkpoint)."""
-        ids = batch.get(TRAJECTORY_KEY)  # (jobs, frames per job)
-        for node in range(self.num_workers - 1, 0, -1):  # undo TorchRL's shifts, last first
-            ids[node] -= ids[node - 1].max()
-        node_index = torch.arange(self.num_workers).view(-1, *[1] * (ids.dim() - 1))
-        ids = self.traj_id_base + ids * self.num_workers + node_index
+        ids = relabel_trajectory_ids(batch.get(TRAJECTORY_KEY), self.traj_id_base)
         batch.set(TRAJECTORY_KEY, ids)
         self.next_traj_id = max(self.next_traj_id, int(ids.max()) + 1)
         return batch
@@ -170,19 +119,16 @@ class SlurmCollectionJobs(DistributedCollector):
             time.sleep(1.0)
 
     def shutdown(self, timeout: float | None = None) -> None:
-        # TorchRL closes its weight-sync store as soon as each job has handed back its
-        # result, while the job's receiver thread still waits on that store: the job then
-        # aborts on its way out and ends FAILED. Keep the store until the jobs have ended.
-        schemes, self._weight_sync_schemes = self._weight_sync_schemes, None
         try:
-            super().shutdown(timeout)
-        except Exception as error:  # a job already gone never answers "down"
-            log.warning("collection jobs did not all stop cleanly (%s); cancelling them", error)
+            with weight_sync_kept_open(self):
+                try:
+                    super().shutdown(timeout)
+                except Exception as error:  # a job already gone never answers "down"
+                    log.warning("collection jobs did not all stop cleanly (%s)", error)
+                finally:
+                    self.wait_until_ended(JOB_STATE_WAIT_S)
         finally:
-            self.wait_until_ended(JOB_STATE_WAIT_S)
             self.cancel_jobs()
-            for scheme in (schemes or {}).values():
-                scheme.shutdown()
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
 
@@ -203,12 +149,19 @@ class SlurmCollectionJobs(DistributedCollector):
                 job.cancel(check=False)
 
 
+def relabel_trajectory_ids(gathered: torch.Tensor, base: int) -> torch.Tensor:
+    """Job ``j``'s local trajectory ``k`` (in a gathered ``(jobs, frames)`` batch) becomes
+    ``base + k * jobs + j``: unique across jobs, stable from batch to batch, and above every
+    id of an earlier attempt of the run (``base``, restored from the checkpoint)."""
+    ids = undo_trajectory_id_shifts(gathered)
+    jobs = ids.shape[0]
+    job_index = torch.arange(jobs).view(-1, *[1] * (ids.dim() - 1))
+    return base + ids * jobs + job_index
+
+
 def make_collection_jobs(config: Config, policy_factory: Any, devices: Any) -> SlurmCollectionJobs:
     """``collector.nodes`` SLURM jobs of one env each, gathered into one batch per
     iteration (each job contributes ``frames_per_batch / nodes`` frames)."""
-    from rl_app.collection import WORKER_SEED_STRIDE
-    from rl_app.slurm import JOB_DIR, collection_job_settings, make_executor
-
     settings = config.collector
     run_dir = Path(config.run_dir)
     address = settings.address or socket.gethostbyname(socket.gethostname())
@@ -218,10 +171,7 @@ def make_collection_jobs(config: Config, policy_factory: Any, devices: Any) -> S
         name=f"{run_dir.name}-collect",
     )
     return SlurmCollectionJobs(
-        [
-            env_factory(config.env, config.seed + node * WORKER_SEED_STRIDE)
-            for node in range(settings.nodes)
-        ],
+        [env_factory(config.env, worker_seed(config.seed, node)) for node in range(settings.nodes)],
         policy_factory=policy_factory,
         frames_per_batch=settings.frames_per_batch,
         collector_class=Collector,

@@ -1,0 +1,192 @@
+"""Every use of TorchRL 0.14.1's private API, and every workaround of one of its behaviours.
+
+Whoever upgrades TorchRL reads this file first. Each item says what TorchRL does, what is done
+here instead, and names the test in ``tests/test_upstream.py`` that starts failing (or can be
+deleted) once TorchRL changes that behaviour. Nothing else in rl_app touches a private name.
+
+1. :func:`gymnasium_env`: the Gymnasium env inside a TorchRL env (no public handle).
+2. :class:`GuardedWeightSyncScheme`, :func:`make_guarded_policy`: worker processes apply
+   pushed weights parameter by parameter on a background thread, while acting; and a push
+   waits for ever for a worker that died.
+3. :class:`ExecutorDistributedCollector`, :func:`weight_sync_kept_open`,
+   :func:`undo_trajectory_id_shifts`, ``UNBOUNDED_FRAMES``: the distributed collector's
+   address, executor, join timeout, endless iteration, shutdown and trajectory ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import gymnasium as gym
+import torch
+from tensordict.nn import TensorDictModuleBase
+from torchrl.collectors.distributed import DistributedCollector
+from torchrl.collectors.distributed import generic as torchrl_distributed
+from torchrl.envs import EnvBase
+from torchrl.weight_update import MultiProcessWeightSyncScheme
+
+log = logging.getLogger("rl_app")
+
+
+# -- 1. the Gymnasium env inside a TorchRL env ----------------------------------------------
+
+
+def gymnasium_env(env: EnvBase) -> gym.Env:
+    """TorchRL's ``GymWrapper`` keeps the env it wraps in ``_env`` and offers no public
+    handle; the collector's checkpoint state needs it to replay an episode's reset.
+    Test: ``test_gym_wrapper_keeps_the_gymnasium_env_in_a_private_attribute``."""
+    return env.base_env._env
+
+
+# -- 2. weight pushes to worker processes ---------------------------------------------------
+
+# Workers receive weights on a background thread, which TorchRL 0.14.1 copies into the
+# policy parameter by parameter while the worker's main thread may be running that policy:
+# one action could mix old and new layers, and act with new weights under the old version.
+# In each worker process this lock is held by the policy's forward pass and by a weight
+# update (from the "receive" instruction to its acknowledgement, which spans applying the
+# weights and bumping the policy version), so that each action sees one whole version.
+_WEIGHTS_LOCK = threading.Lock()
+# TorchRL waits for a worker's acknowledgement without a time limit (`timeout=None`): a
+# worker that died would never answer.
+ACK_TIMEOUT_S = 60.0
+
+
+class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
+    """TorchRL's multi-process weight sync, applying each update under ``_WEIGHTS_LOCK`` and
+    waiting at most ``ACK_TIMEOUT_S`` for workers to acknowledge it.
+
+    It hooks the two steps TorchRL's background receiver loop takes around an update (the
+    loop has no public hook); an update that fails midway releases the lock at the loop's
+    next wait. Tests: ``test_weight_sync_receiver_steps_are_still_private_hooks`` and
+    ``test_weight_sync_still_waits_for_acks_without_a_limit``."""
+
+    _holding_lock = False
+
+    def _wait_for_instruction(self, timeout: float | None = None) -> str | None:
+        self._release_lock()
+        instruction = super()._wait_for_instruction(timeout)
+        if instruction == "receive":
+            _WEIGHTS_LOCK.acquire()
+            self._holding_lock = True
+        return instruction
+
+    def _send_ack(self, message: str = "updated") -> None:
+        self._release_lock()
+        super()._send_ack(message)
+
+    def _wait_for_ack(self, worker_ids: Any = None, timeout: float | None = None) -> None:
+        super()._wait_for_ack(worker_ids, timeout=ACK_TIMEOUT_S if timeout is None else timeout)
+
+    def _release_lock(self) -> None:
+        if self._holding_lock:
+            self._holding_lock = False
+            _WEIGHTS_LOCK.release()
+
+
+def make_guarded_policy(
+    policy_factory: Callable[..., TensorDictModuleBase],
+) -> TensorDictModuleBase:
+    """A worker's policy, whose forward pass holds ``_WEIGHTS_LOCK``."""
+    policy = policy_factory()
+    policy.register_forward_pre_hook(acquire_weights_lock)
+    policy.register_forward_hook(release_weights_lock)
+    return policy
+
+
+def acquire_weights_lock(module: Any, args: Any) -> None:
+    _WEIGHTS_LOCK.acquire()  # a pre-hook returns None: the call's arguments stay as they are
+
+
+def release_weights_lock(module: Any, args: Any, output: Any) -> None:
+    _WEIGHTS_LOCK.release()
+
+
+# -- 3. the distributed collector on submitit -----------------------------------------------
+
+# TorchRL's distributed iterator treats total_frames=-1 as zero frames: "never stop" is a
+# count no run reaches. Test: ``test_distributed_collector_still_takes_its_join_wait_in_days``
+# guards this module's reading of that file.
+UNBOUNDED_FRAMES = 2**62
+
+
+class ExecutorDistributedCollector(DistributedCollector):
+    """TorchRL's ``DistributedCollector`` with the submitit launcher, submitting its jobs
+    with a given ``executor`` and rendezvousing at ``address:port`` within
+    ``connect_timeout_s``; it runs until stopped.
+
+    TorchRL 0.14.1 takes the host name's address, its own executor (a ``./log_test``
+    folder, no SLURM resources) and waits for the jobs to join ``MAX_TIME_TO_CONNECT``
+    *days* (1,000: it is passed to ``timedelta`` as days). ``jobs`` holds the submitted
+    jobs as soon as they are submitted, also when joining then fails."""
+
+    def __init__(
+        self,
+        env_makers: list[Any],
+        *,
+        executor: Any,
+        address: str,
+        port: int,
+        connect_timeout_s: float,
+        **kwargs: Any,
+    ) -> None:
+        # Read by _init_workers, which TorchRL's __init__ calls.
+        self.executor = executor
+        self.address = address
+        self.connect_timeout_s = connect_timeout_s
+        self.jobs: list[Any] = []
+        super().__init__(
+            env_makers,
+            launcher="submitit",
+            sync=True,
+            total_frames=UNBOUNDED_FRAMES,
+            tcp_port=port,
+            **kwargs,
+        )
+
+    def _init_workers(self) -> None:
+        self.IPAddr = self.address
+        for node in range(self.num_workers):
+            self.jobs.append(self._init_worker_dist_submitit(self.executor, node))
+        log.info(
+            "submitted collection jobs %s; logs in %s; waiting for them at %s:%s",
+            ", ".join(job.job_id for job in self.jobs),
+            self.executor.folder, self.address, self.tcp_port,
+        )  # fmt: skip
+        default_wait_days = torchrl_distributed.MAX_TIME_TO_CONNECT
+        torchrl_distributed.MAX_TIME_TO_CONNECT = self.connect_timeout_s / 86_400
+        try:
+            self._init_master_dist(self.num_workers + 1, self.backend)
+        finally:
+            torchrl_distributed.MAX_TIME_TO_CONNECT = default_wait_days
+
+
+@contextmanager
+def weight_sync_kept_open(collector: DistributedCollector) -> Iterator[None]:
+    """Shut ``collector`` down inside this block, and its weight-sync store only after.
+
+    TorchRL closes the store as soon as each job has handed back its result, while the
+    job's receiver thread still waits on that store: the job then aborts on its way out and
+    ends FAILED. Test: ``test_distributed_shutdown_still_closes_the_weight_store_itself``."""
+    schemes, collector._weight_sync_schemes = collector._weight_sync_schemes, None
+    try:
+        yield
+    finally:
+        for scheme in (schemes or {}).values():
+            scheme.shutdown()
+
+
+def undo_trajectory_id_shifts(ids: torch.Tensor) -> torch.Tensor:
+    """Each job's own trajectory ids, from a gathered ``(jobs, frames)`` batch.
+
+    TorchRL shifts job ``i``'s ids by job ``i-1``'s largest (already shifted) id, so the
+    first trajectory of one job takes the id of the last of the other, and the shift
+    changes from batch to batch. Test: ``test_distributed_collector_still_shifts_ids``."""
+    ids = ids.clone()
+    for node in range(ids.shape[0] - 1, 0, -1):  # last first: each shift used the one before
+        ids[node] -= ids[node - 1].max()
+    return ids

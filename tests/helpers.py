@@ -1,0 +1,133 @@
+"""What several test modules share: paths, a tiny real run, and helpers to watch worker
+processes, weights and SLURM jobs. Fixtures are in conftest.py."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict
+
+from rl_app.collection import WeightSync
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN_PY = ROOT / "train.py"
+PYTHON = sys.executable
+UP_SCRIPT = ROOT / "slurm" / "local-cluster" / "up.sh"
+
+# A run of a few seconds: small networks, a few evaluations, real env, real buffer on disk.
+TINY_RUN = [
+    "network.hidden_sizes=[32,32]",
+    "collector.total_frames=1200",
+    "collector.frames_per_batch=200",
+    "collector.init_random_frames=400",
+    "optim.utd_ratio=0.1",
+    "optim.batch_size=64",
+    "replay.capacity=5000",
+    "eval.interval_frames=400",
+    "eval.episodes=2",
+    "logger.backend=none",
+]
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
+
+
+def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [PYTHON, str(TRAIN_PY), *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def child_processes() -> set[int]:
+    """Live child processes of this process (the multiprocessing resource tracker aside)."""
+    children = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        state = stat.rsplit(")", 1)[1].split()[0]
+        if parent == os.getpid() and state != "Z" and b"resource_tracker" not in cmdline:
+            children.add(int(entry.name))
+    return children
+
+
+def actor_outputs(policy, weights, observation: torch.Tensor) -> TensorDict:
+    """loc/scale the actor computes with ``weights`` on ``observation``."""
+    copy_ = copy.deepcopy(policy)
+    copy_.load_state_dict(weights)
+    with torch.no_grad():
+        return copy_.module[0](TensorDict({"observation": observation}, observation.shape[:1]))
+
+
+def collect_around_a_push(
+    collector, algorithm, env_name: str, moved_at: int, pushed_at: int, batches: int
+) -> tuple[list[TensorDict], dict[int, dict]]:
+    """Collect ``batches`` batches: the learner's weights change after batch ``moved_at``
+    without a push, and are pushed after batch ``pushed_at``. Returns the batches and the
+    weights of each version sent (1: the initial push, 2: the later one)."""
+    weight_sync = WeightSync(collector, algorithm, env_name)  # version 1
+    snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
+    collected = []
+    for index, batch in enumerate(collector):
+        collected.append(batch)
+        if index == moved_at:
+            with torch.no_grad():  # the learner moves on; the collector must not see it yet
+                for parameter in algorithm.policy.parameters():
+                    parameter.add_(0.05 * torch.randn_like(parameter))
+        if index == pushed_at:
+            weight_sync.push()  # version 2
+            snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
+        if index == batches - 1:
+            return collected, snapshots
+    raise AssertionError("unreachable: collectors run until stopped")
+
+
+def actor_version(batch: TensorDict, snapshots: dict, policy) -> torch.Tensor:
+    """The snapshot version each frame of ``batch`` acted with (0: none). The actor's
+    loc/scale are a function of the observation and the weights: recompute them with
+    every snapshot."""
+    acted = torch.zeros(len(batch), dtype=torch.long)
+    for version, weights in snapshots.items():
+        expected = actor_outputs(policy, weights, batch["observation"])
+        same = ((batch["loc"] - expected["loc"]).abs() < 1e-5).squeeze(-1)
+        same &= ((batch["scale"] - expected["scale"]).abs() < 1e-5).squeeze(-1)
+        acted[same] = version
+    return acted
+
+
+def wait_for(
+    what: str, predicate: Callable[[], Any], timeout: float, job_id: str | None = None
+) -> Any:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what``, and at
+    once if job ``job_id`` ends in the meantime."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if job_id is not None and job_state(job_id) in FINAL_STATES:
+            raise AssertionError(f"job {job_id} ended ({job_state(job_id)}) before {what}")
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def job_state(job_id: str) -> str:
+    """The job's state in accounting, e.g. RUNNING, COMPLETED ('' until it is recorded)."""
+    answer = subprocess.run(
+        ["sacct", "--noheader", "--parsable2", "--allocations", "--jobs", job_id,
+         "--format=State"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    states = answer.stdout.split()
+    return states[-1].split()[0] if states else ""

@@ -1,0 +1,121 @@
+"""The package's import graph: no cycle, every arrow pointing down, the core apart from
+scale-out, and the tools apart from the trainer."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+from pathlib import Path
+
+from tests.helpers import PYTHON, ROOT
+
+PACKAGE = ROOT / "rl_app"
+SCALE = "rl_app.scale"
+# The one place the core hands a collection mode to a scale-out backend, importing it only
+# when a run asks for that mode.
+DOOR = ("rl_app.collection", "make_collector")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def imports_of(path: Path, known: set[str]) -> list[tuple[str, str | None]]:
+    """(imported rl_app module, enclosing function or None at module level) of every import
+    in ``path``, wherever it is written."""
+    found = []
+
+    def visit(node: ast.AST, function: str | None) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = child.name if isinstance(child, ast.FunctionDef) else function
+            if isinstance(child, ast.ImportFrom) and child.module:
+                for alias in child.names:
+                    submodule = f"{child.module}.{alias.name}"
+                    target = submodule if submodule in known else child.module
+                    if target in known:
+                        found.append((target, function))
+            elif isinstance(child, ast.Import):
+                found.extend((a.name, function) for a in child.names if a.name in known)
+            visit(child, inner)
+
+    visit(ast.parse(path.read_text()), None)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = package_modules()
+    return {
+        name: {target for target, _ in imports_of(path, set(modules))} - {name}
+        for name, path in modules.items()
+    }
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of the graph as a list of modules, or None."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str] | None:
+        state[node] = "open"
+        for target in sorted(graph[node]):
+            if state.get(target) == "open":
+                return [*path[path.index(target) :], target]
+            if target not in state and (cycle := visit(target, [*path, target])):
+                return cycle
+        state[node] = "done"
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (cycle := visit(start, [start])):
+            return cycle
+    return None
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    assert find_cycle(import_graph()) is None, find_cycle(import_graph())
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_the_core_imports_no_scale_out_module_but_through_the_one_door() -> None:
+    modules = package_modules()
+    for name, path in modules.items():
+        if name.startswith(SCALE):
+            continue
+        for target, function in imports_of(path, set(modules)):
+            if target.startswith(SCALE):
+                assert (name, function) == DOOR, f"{name} imports {target} in {function}"
+
+
+def test_the_loop_knows_no_algorithm_and_the_trainer_no_tool() -> None:
+    graph = import_graph()
+    assert "rl_app.algorithms" in graph["rl_app.loop"]
+    assert not {"rl_app.algorithms.sac", "rl_app.algorithms.dqn"} & graph["rl_app.loop"]
+    for path in PACKAGE.rglob("*.py"):
+        assert "from tools" not in path.read_text(), path
+
+
+def test_a_direct_run_loads_no_scale_out_module(tmp_path: Path) -> None:
+    program = f"""
+import sys, torch
+from rl_app.algorithms import make_algorithm
+from rl_app.collection import decide_devices, make_collector
+from rl_app.config import load_config
+from rl_app.envs import make_env
+from rl_app import loop
+config = load_config("default", ["run_dir={tmp_path / "run"}", "network.hidden_sizes=[8]"])
+algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+make_collector(config, algorithm, decide_devices(config)).shutdown()
+print(sorted(m for m in sys.modules if m.startswith("{SCALE}")))
+"""
+    result = subprocess.run(
+        [PYTHON, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
