@@ -1,9 +1,10 @@
-"""Train an off-policy agent: ``python train.py [--config NAME] [key=value ...]``.
+"""Train an off-policy agent: ``python train.py [--config NAME|FILE] [key=value ...]``.
 
-A mistake in the command line or the configuration is reported in one line with exit
-status 2, before anything is created; a fault during training (exit status 1) names the
-last good checkpoint. ``run_dir=`` an existing run resumes it. ``launcher=slurm`` submits
-the run to SLURM instead (see slurm/README.md) and returns once it is queued.
+A mistake in the command line or the configuration (or a run directory another process is
+training in) is reported in one line with exit status 2, before anything is created; a fault
+during training (exit status 1) names the last good checkpoint. ``run_dir=`` an existing run
+resumes it. ``launcher=slurm`` submits the run to SLURM instead (see slurm/README.md) and
+returns once it is queued.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--config",
         default=DEFAULT_PRESET,
-        help=f"preset from configs/ (one of: {', '.join(available_presets())})",
+        help=f"preset from configs/ (one of: {', '.join(available_presets())}), or a YAML file",
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
@@ -45,22 +46,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         config = load_config(args.config, args.overrides)
+        if args.print_config:
+            print(to_yaml(config), end="")
+            return 0
+        if config.launcher == "slurm":
+            from rl_app.scale.launch import describe, submit
+
+            print(describe(submit(args.config, args.overrides, config)))
+            return 0
+        return train_here(config)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if args.print_config:
-        print(to_yaml(config), end="")
-        return 0
-    if config.launcher == "slurm":
-        return submit_to_slurm(args.config, args.overrides, config)
 
+
+def train_here(config: Config) -> int:
+    """Train in this process; a fault during training is exit status 1."""
     from rl_app.scale.cluster import check_collection_jobs
 
-    try:
-        check_collection_jobs(config)  # distributed mode submits jobs: ask the cluster first
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    check_collection_jobs(config)  # distributed mode submits jobs: ask the cluster first
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from rl_app.loop import RunFailed, train  # heavy imports only once the config is known good
 
@@ -77,19 +81,6 @@ def main(argv: list[str] | None = None) -> int:
             f"checkpoint saved: {result.last_checkpoint}\n"
             f"resume with: python train.py run_dir={result.run_dir}"
         )
-    return 0
-
-
-def submit_to_slurm(preset: str, overrides: list[str], config: Config) -> int:
-    """Submit with submitit and return at once; the job trains (and resumes) on the cluster."""
-    from rl_app.scale.launch import describe, submit
-
-    try:
-        jobs = submit(preset, overrides, config)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    print(describe(jobs))
     return 0
 
 

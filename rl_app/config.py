@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -238,7 +240,7 @@ class Config:
     algo: str = setting(
         "sac", "sac (continuous actions) | dqn (discrete actions)", choices=("sac", "dqn")
     )
-    seed: int = setting(0, "seed of every random number generator", at_least=0)
+    seed: int = setting(0, "seed of every random number generator", at_least=0, at_most=2**32 - 1)
     device: str = setting("auto", f"learner device: {DEVICE_DOC}")
     threads: int = setting(
         1, "torch intra-op threads (one is fastest on small machines)", at_least=1,
@@ -289,38 +291,161 @@ def available_presets() -> list[str]:
 def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
     """Merge defaults, a preset and ``key=value`` overrides into a validated :class:`Config`.
 
-    When ``run_dir`` names a run that holds a checkpoint, the config saved in that run
-    replaces the preset (the run resumes), and only keys declared ``on_resume`` may
-    be overridden."""
-    overrides = overrides or []
-    for item in overrides:
-        if "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
+    ``preset`` names a file in ``configs/`` or is the path of a YAML file. When ``run_dir``
+    names a run that holds a checkpoint, the config saved in that run replaces the preset
+    (the run resumes), and only keys declared ``on_resume`` may be overridden. Every
+    mistake raises :class:`ConfigError` naming the file (and line) or the key."""
+    given = conform(parse_overrides(overrides or []), Config, "")
+    run_dir = given.get("run_dir")
     try:
-        given = OmegaConf.from_dotlist(overrides)
-        run_dir = given.get("run_dir")
         if run_dir is not None and holds_checkpoint(Path(run_dir)):
-            saved = OmegaConf.load(Path(run_dir) / CONFIG_FILE)
+            saved = conform(read_yaml(Path(run_dir) / CONFIG_FILE), Config, "")
             config = OmegaConf.to_object(
                 OmegaConf.merge(OmegaConf.structured(Config), saved, given)
             )
             refuse_experiment_changes(OmegaConf.to_object(OmegaConf.merge(Config, saved)), config)
         else:
-            preset_path = PRESETS_DIR / f"{preset}.yaml"
-            if not preset_path.is_file():
-                raise ConfigError(
-                    f"unknown preset {preset!r}: accepted presets are "
-                    + ", ".join(available_presets())
-                )
-            layers = [OmegaConf.structured(Config), OmegaConf.load(preset_path), given]
+            preset_path = preset_file(preset)
+            layers = [OmegaConf.structured(Config), conform(read_yaml(preset_path), Config, ""),
+                      given]  # fmt: skip
             config = OmegaConf.to_object(OmegaConf.merge(*layers))
     except OmegaConfBaseException as error:
         raise ConfigError(describe_omegaconf_error(error)) from None
     validate(config)
     if config.run_dir is None:
-        config.run_dir = f"runs/{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        config.run_dir = f"runs/{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_run_dir(Path(config.run_dir))
     return config
+
+
+def preset_file(preset: str) -> Path:
+    """``configs/<preset>.yaml``, or ``preset`` itself when it is a path to a YAML file."""
+    if preset.endswith((".yaml", ".yml")) or "/" in preset:
+        if not Path(preset).is_file():
+            raise ConfigError(f"--config {preset}: no such file")
+        return Path(preset)
+    path = PRESETS_DIR / f"{preset}.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown preset {preset!r}: accepted presets are {', '.join(available_presets())}"
+            " (or give the path of a YAML file)"
+        )
+    return path
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping of settings; a syntax error is named with its file and line."""
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot be read ({error})") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: must be a mapping of settings (key: value), not {tree!r}")
+    return tree
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["optim.lr=1e-3", ...]`` into a nested mapping; values are read as YAML."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, equals, text = item.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(
+                f"{key}={text!r} is not a value: quote text, e.g. {key}='...'"
+            ) from None
+        parts = key.split(".")
+        node = tree
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r} conflicts with {'.'.join(parts[:-1])}=...")
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def conform(tree: dict[str, Any], schema: type, prefix: str) -> dict[str, Any]:
+    """``tree`` checked against ``schema`` key by key: unknown keys, a value where a group is
+    expected (or the other way round) and values of the wrong type raise
+    :class:`ConfigError`; whole numbers written as floats (``1e4``) become integers."""
+    fields = {item.name: item for item in dataclasses.fields(schema)}
+    conformed = {}
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        item = fields.get(str(name))
+        if item is None:
+            accepted = ", ".join(prefix + f for f in fields)
+            raise ConfigError(f"unknown key {key!r}: accepted keys here are {accepted}")
+        if dataclasses.is_dataclass(item.default_factory):
+            if not isinstance(value, dict):
+                keys = ", ".join(
+                    f"{key}.{f.name}" for f in dataclasses.fields(item.default_factory)
+                )
+                raise ConfigError(
+                    f"{key}={value!r} is not accepted: {key} is a group of settings ({keys}): "
+                    "give it a mapping of those keys"
+                )
+            conformed[name] = conform(value, item.default_factory, f"{key}.")
+        else:
+            conformed[name] = conform_value(key, value, str(item.type))
+    return conformed
+
+
+def conform_value(key: str, value: Any, annotation: str) -> Any:
+    """One setting's value in the type its field declares (``int``, ``float | None``, ...)."""
+    optional = annotation.endswith("| None")
+    kind = annotation.removesuffix("| None").strip()
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key} is empty: give a value ({kind})")
+    if kind == "list[int]":
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r} is not accepted: give a list, e.g. [256, 256]")
+        return [conform_value(key, element, "int") for element in value]
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r} is not accepted: give true or false")
+    if kind in ("int", "float"):
+        number = as_number(value)
+        if number is None:
+            raise ConfigError(f"{key}={value!r} is not accepted: give a number ({kind})")
+        if kind == "float":
+            return float(number)
+        if float(number).is_integer():
+            return int(number)
+        raise ConfigError(
+            f"{key}={value!r} is not accepted: give a whole number (e.g. 10000 or 1e4)"
+        )
+    if kind == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{key}={value!r} is not accepted: give a {kind}")
+
+
+def as_number(value: Any) -> float | int | None:
+    """An int or float, also from text such as ``1e4`` (YAML reads that as text); None if
+    ``value`` is no finite number."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
 
 
 def holds_checkpoint(run_dir: Path) -> bool:
@@ -514,7 +639,7 @@ def check_env_registered(env_name: str) -> None:
     if module is not None:
         try:
             importlib.import_module(module)
-        except ImportError as error:
+        except Exception as error:  # any failure to import is the user's module's
             raise ConfigError(
                 f"env.name={env_name!r}: cannot import {module!r} ({error})"
             ) from None
@@ -528,7 +653,10 @@ def check_env_registered(env_name: str) -> None:
 def check_action_space(algo: str, env_name: str) -> None:
     """The algorithm must fit the env's actions (building the Gymnasium env is the only way
     to read its action space; no TorchRL env, file or process is created)."""
-    probe = gym.make(env_name)
+    try:
+        probe = gym.make(env_name)
+    except Exception as error:  # a missing optional dependency, a broken env module
+        raise ConfigError(f"env.name={env_name!r} cannot be built: {error}") from None
     actions = "discrete" if isinstance(probe.action_space, gym.spaces.Discrete) else "continuous"
     probe.close()
     if ALGORITHM_ACTIONS[algo] != actions:

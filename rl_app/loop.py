@@ -46,6 +46,7 @@ from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
 from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, write_priorities
+from rl_app.runlock import run_dir_lock
 
 log = logging.getLogger("rl_app")
 
@@ -211,9 +212,18 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     )  # fmt: skip
 
 
-def train(config: Config) -> TrainResult:
-    """Train the run ``config`` describes, resuming it if its directory holds a checkpoint."""
+def train(config: Config, lock_wait_s: float = 0.0) -> TrainResult:
+    """Train the run ``config`` describes, resuming it if its directory holds a checkpoint.
+
+    The run directory is locked for the whole run, before anything in it is touched
+    (:mod:`rl_app.runlock`); :class:`~rl_app.runlock.RunDirBusy` if another process holds
+    it for longer than ``lock_wait_s``."""
     run_dir = Path(config.run_dir)
+    with run_dir_lock(run_dir, lock_wait_s):
+        return train_locked(config, run_dir)
+
+
+def train_locked(config: Config, run_dir: Path) -> TrainResult:
     resume_from = find_resume_point(run_dir) if holds_checkpoint(run_dir) else None
     run = build_run(config, resuming=resume_from is not None)
     try:

@@ -131,3 +131,17 @@ def job_state(job_id: str) -> str:
     )  # fmt: skip
     states = answer.stdout.split()
     return states[-1].split()[0] if states else ""
+
+
+def hold_lock_in_another_process(run_dir: Path, seconds: float) -> subprocess.Popen:
+    """A process holding ``run_dir``'s lock for ``seconds``, returned once it holds it."""
+    program = (
+        "import sys, time; from pathlib import Path; from rl_app.runlock import run_dir_lock\n"
+        f"with run_dir_lock(Path({str(run_dir)!r})):\n"
+        "    print('held', flush=True); time.sleep(float(sys.argv[1]))\n"
+    )
+    holder = subprocess.Popen(
+        [PYTHON, "-c", program, str(seconds)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert holder.stdout.readline().strip() == "held"
+    return holder

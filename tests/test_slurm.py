@@ -20,7 +20,15 @@ import pytest
 from rl_app.logger import read_metrics
 from rl_app.scale.job import read_attempts
 from rl_app.scale.launch import read_array_summary
-from tests.helpers import FINAL_STATES, PYTHON, TINY_RUN, TRAIN_PY, job_state, wait_for
+from tests.helpers import (
+    FINAL_STATES,
+    PYTHON,
+    TINY_RUN,
+    TRAIN_PY,
+    hold_lock_in_another_process,
+    job_state,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -279,3 +287,22 @@ def test_bad_slurm_settings_are_refused_in_one_line(
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and message in errors[0], result.stderr
     assert "submitted job" not in result.stdout
+
+
+def test_a_run_directory_in_use_is_refused_before_submitting(
+    slurm_cluster: None, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    holder = hold_lock_in_another_process(run_dir, seconds=120)
+    try:
+        result = subprocess.run(
+            [PYTHON, str(TRAIN_PY), "launcher=slurm", "slurm.profile=local", *TINY_RUN,
+             f"run_dir={run_dir}"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 2, result.stderr
+    assert f"pid {holder.pid}" in result.stderr and "Traceback" not in result.stderr
+    assert not (run_dir / "slurm").exists()  # nothing was submitted

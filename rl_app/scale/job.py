@@ -29,6 +29,9 @@ from rl_app.config import CHECKPOINTS_DIR, Config
 from rl_app.scale.cluster import JOB_DIR
 
 ATTEMPTS_FILE = "attempts.jsonl"
+# A requeued attempt waits this long for an earlier attempt still holding the run directory
+# (a node SLURM lost sight of, whose process has not ended yet), then fails naming it.
+REQUEUE_LOCK_WAIT_S = 300.0
 
 
 class RequeueLimitReached(RuntimeError):
@@ -66,7 +69,7 @@ class TrainJob:
         submitit_handler = signal.getsignal(signal.SIGUSR2)
         signal.signal(signal.SIGUSR2, self._usr2_handler(submitit_handler))
         try:
-            result = train(config)
+            result = train(config, lock_wait_s=REQUEUE_LOCK_WAIT_S)
         finally:
             signal.signal(signal.SIGUSR2, submitit_handler)
         finished = result.frames >= config.collector.total_frames

@@ -15,6 +15,7 @@ from pathlib import Path
 import submitit
 
 from rl_app.config import CONFIG_FILE, Config, ConfigError, load_config, to_yaml
+from rl_app.runlock import check_run_dir_free
 from rl_app.scale.cluster import (
     JOB_DIR,
     check_cluster,
@@ -87,6 +88,8 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
     else:
         tasks = task_configs(preset, overrides, config)
         folder = Path(config.run_dir).resolve() / JOB_DIR
+    for _, task in tasks:  # a run directory in use by a live process is refused
+        check_run_dir_free(Path(task.run_dir))
     for _, task in tasks:
         # The run directory shows its config (and counts as a run) from submission on.
         Path(task.run_dir).mkdir(parents=True, exist_ok=True)

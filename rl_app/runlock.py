@@ -1,0 +1,86 @@
+"""One writer per run directory: a process that trains in ``run_dir`` holds an OS file lock
+on ``run_dir/.lock`` for as long as it trains.
+
+The lock is ``filelock``'s ``flock(2)`` lock: the kernel releases it when the process dies
+(``kill -9``, a crash, a lost node's process finally ending), so a directory is never left
+locked for ever. Who holds it (host, pid, since when) is written beside it, in
+``.lock.holder``, for the message a second process prints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from rl_app.config import ConfigError
+
+LOCK_FILE = ".lock"
+HOLDER_FILE = ".lock.holder"
+
+
+class RunDirBusy(ConfigError):
+    """Another process trains in this run directory (the message names it), or the
+    directory cannot be locked: exit status 2, like any other mistake in the input."""
+
+
+def describe_holder(run_dir: Path) -> str:
+    """ "host H, pid P, since T", as the holder wrote it (or that it is unknown)."""
+    try:
+        holder = json.loads((run_dir / HOLDER_FILE).read_text())
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder["since"]))
+        return f"host {holder['host']}, pid {holder['pid']}, since {since}"
+    except (OSError, ValueError, KeyError):
+        return "a process that has not said who it is yet"
+
+
+def busy_message(run_dir: Path, waited_s: float) -> str:
+    waited = f" (waited {waited_s:.0f} s)" if waited_s else ""
+    return (
+        f"run_dir={str(run_dir)!r} is in use by another training process{waited}: "
+        f"{describe_holder(run_dir)}; wait for it to end or stop it, or give another run_dir"
+    )
+
+
+def acquire(run_dir: Path, wait_s: float) -> FileLock:
+    """``run_dir``'s lock, held; :class:`RunDirBusy` if another process keeps it longer
+    than ``wait_s`` seconds, or if the file system cannot lock at all."""
+    lock = FileLock(run_dir / LOCK_FILE, mode=0o644, fallback_to_soft=False)
+    try:
+        lock.acquire(timeout=wait_s)
+    except Timeout:
+        raise RunDirBusy(busy_message(run_dir, wait_s)) from None
+    except OSError as error:  # ENOSYS: no flock on this file system
+        raise RunDirBusy(
+            f"run_dir={str(run_dir)!r} cannot be locked ({error.strerror}): put it on a file "
+            "system with flock locks (a local disk, NFSv4, Lustre mounted with -o flock)"
+        ) from None
+    return lock
+
+
+@contextmanager
+def run_dir_lock(run_dir: Path, wait_s: float = 0.0) -> Iterator[None]:
+    """Hold ``run_dir``'s lock inside the block (creating the directory if needed), waiting
+    up to ``wait_s`` for another holder to let go; raise :class:`RunDirBusy` otherwise,
+    leaving the directory as it was."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = acquire(run_dir, wait_s)
+    try:
+        holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        (run_dir / HOLDER_FILE).write_text(json.dumps(holder))
+        yield
+    finally:
+        lock.release()
+
+
+def check_run_dir_free(run_dir: Path) -> None:
+    """Raise :class:`RunDirBusy` if a process holds ``run_dir``'s lock now (a launcher asks
+    before submitting); changes nothing."""
+    if (run_dir / LOCK_FILE).exists():
+        acquire(run_dir, wait_s=0.0).release()
