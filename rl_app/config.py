@@ -35,6 +35,8 @@ CHANGEABLE_ON_RESUME = (
     "collector.total_frames",
     "eval.interval_frames",
     "eval.episodes",
+    "eval.video",
+    "eval.video_every",
     "checkpoint.keep_last",
     "logger.backend",
     "logger.project",
@@ -140,6 +142,8 @@ class EvalConfig:
 
     interval_frames: int = setting(2_000, "evaluate every N collected frames")
     episodes: int = setting(10, "episodes per evaluation")
+    video: bool = setting(False, "record an evaluation episode and send it to the logger backend")
+    video_every: int = setting(1, "record the video at every N-th evaluation (eval.video=true)")
 
 
 @dataclass
@@ -254,6 +258,15 @@ def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None
         config.run_dir = f"runs/{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     check_run_dir(Path(config.run_dir))
     return config
+
+
+def read_run_config(run_dir: Path) -> Config:
+    """The config a run saved in its directory (reads only; values were validated then)."""
+    try:
+        saved = OmegaConf.load(run_dir / CONFIG_FILE)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), saved))
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{run_dir / CONFIG_FILE}: {describe_omegaconf_error(error)}") from None
 
 
 def holds_checkpoint(run_dir: Path) -> bool:
@@ -427,6 +440,31 @@ def validate(config: Config) -> None:
                 f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
                 f"sampler it must be a multiple of replay.slice_len={config.replay.slice_len}"
             )
+    check_video(config)
+
+
+# --- evaluation videos (eval.video) ---
+
+
+def check_video(config: Config) -> None:
+    """A run asked to record videos must be able to render its env headless and to encode
+    for its logger backend: checked here, so that it fails at start and not mid-run."""
+    if config.eval.video_every < 1:
+        raise ConfigError(
+            f"eval.video_every={config.eval.video_every!r} is out of range: it must be > 0"
+        )
+    if not config.eval.video:
+        return
+    if config.logger.backend == "none":
+        raise ConfigError(
+            "eval.video=true needs a logger backend to send videos to: "
+            "set logger.backend to csv, wandb or tensorboard"
+        )
+    from rl_app.video import encoder_problem, render_problem  # imports torchrl: only when used
+
+    problem = render_problem(config.env.name) or encoder_problem(config.logger.backend)
+    if problem is not None:
+        raise ConfigError(f"eval.video=true cannot work here: {problem}")
 
 
 def check_batch_split(collector: CollectorConfig, num_envs: int) -> None:

@@ -175,6 +175,8 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         config.checkpoint.keep_last,
         {
             **algorithm.checkpoint_components(),
+            # The acting policy alone, so that playing a run reads nothing else.
+            "policy": algorithm.policy,
             "replay_buffer": buffer,
             "collector": CollectorState(collector),
             "rng": GlobalRNGState(),
@@ -199,6 +201,7 @@ def train(config: Config) -> TrainResult:
     try:
         if resume_from is not None:
             run.checkpoints.load(resume_from)
+            run.checkpoints.record_best()  # a fallback may have set the best one aside
             run.logger.rewind(run.progress.frames)
             log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
             if run.progress.frames >= config.collector.total_frames:
