@@ -44,6 +44,7 @@ from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, RunLogger
 from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, write_priorities
+from rl_app.video import record_evaluation_video
 
 log = logging.getLogger("rl_app")
 
@@ -64,6 +65,7 @@ class Progress:
     updates: int = 0
     episodes: int = 0
     last_eval_frames: int = 0
+    evaluations: int = 0
     best_eval_reward: float = float("-inf")
     last_eval_reward: float = float("nan")
 
@@ -288,6 +290,16 @@ def run_iterations(run: Run) -> TrainResult:
                 progress.last_eval_reward = eval_reward
                 progress.best_eval_reward = max(progress.best_eval_reward, eval_reward)
                 metrics["eval/return"] = eval_reward
+                progress.evaluations += 1
+                if config.eval.video and (progress.evaluations - 1) % config.eval.video_every == 0:
+                    phases.enter("recording a video")
+                    record_evaluation_video(
+                        config,
+                        algorithm.policy_factory(),
+                        algorithm.policy,
+                        run.logger.backend,
+                        progress.frames,
+                    )
             phases.enter("logging")
             run.logger.log(progress.frames, metrics)
             if "eval/return" in metrics:
