@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-requirements
 
-.PHONY: venv train test test-fast bench results lint slurm-up slurm-down clean
+.PHONY: venv train test test-fast bench results play compare lint slurm-up slurm-down clean
 
 venv: $(INSTALLED)
 
@@ -30,6 +30,12 @@ bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to 
 
 results: venv ## The shipped presets over 5 seeds: runs/results/results.md and docs/results.png
 	$(PY) -m rl_app.results $(ARGS)
+
+play: venv ## Play a run's best checkpoint: RUN=runs/<run>, ARGS="--video out.mp4 --episodes 3 ..."
+	$(PY) -m rl_app.play $(RUN) $(ARGS)
+
+compare: venv ## Compare runs: RUNS="runs/a runs/b ...", OUT=dir (default: a new runs/compare-*)
+	$(PY) -m rl_app.compare $(RUNS) $(if $(OUT),--out $(OUT))
 
 slurm-up: ## Start the local one-node SLURM cluster (root; installs its Debian packages if missing)
 	bash slurm/local-cluster/up.sh
