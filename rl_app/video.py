@@ -35,13 +35,16 @@ VIDEO_TAG = "eval/video"
 def render_problem(env_name: str) -> str | None:
     """Why ``env_name`` cannot be rendered to arrays here (None if it can): one reset and
     one rendered frame of a Gymnasium env, no TorchRL env."""
+    env_id = env_name.split(":")[-1]
+    plain = gym.make(env_id)
+    plain.close()
+    if RENDER_MODE not in plain.metadata.get("render_modes", []):
+        return f"{env_name} does not render {RENDER_MODE!r} frames"
     try:
-        probe = gym.make(env_name.split(":")[-1], render_mode=RENDER_MODE)
+        probe = gym.make(env_id, render_mode=RENDER_MODE)
     except Exception as error:  # Gymnasium raises various errors for unsupported modes
         return f"{env_name} cannot be made with render_mode={RENDER_MODE!r} ({error})"
     try:
-        if RENDER_MODE not in probe.metadata.get("render_modes", []):
-            return f"{env_name} does not render {RENDER_MODE!r} frames"
         probe.reset(seed=0)
         frame = probe.render()
     except Exception as error:  # pygame, OpenGL or MuJoCo without a display, ...

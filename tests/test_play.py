@@ -4,6 +4,7 @@ evaluation, videos (play --video and eval.video), and clear errors for bad input
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import ClassVar
@@ -150,7 +151,7 @@ def test_play_video_is_the_episode_in_mp4_and_gif(sac_run: Path, tmp_path: Path)
 def test_eval_video_logs_one_episode_per_evaluation_to_the_csv_backend(sac_run: Path) -> None:
     videos = sorted((sac_run / "logs").rglob("*.mp4"))
     eval_frames = [row["frames"] for row in read_metrics(sac_run) if "eval/return" in row]
-    assert [int(path.stem.split("_")[-1]) for path in videos] == sorted(eval_frames)
+    assert sorted(int(path.stem.split("_")[-1]) for path in videos) == eval_frames
     for video in videos:
         assert_episode_video(decoded_mp4(video), PENDULUM_FRAMES, 500, 500)
 
@@ -160,6 +161,40 @@ def test_eval_video_every_nth_evaluation(tiny_config) -> None:
     train(config)
     videos = sorted(Path(config.run_dir, "logs").rglob("*.mp4"))
     assert sorted(int(path.stem.split("_")[-1]) for path in videos) == [400, 1200]
+
+
+def test_eval_video_goes_to_tensorboard_and_wandb(tiny_config, tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tensorboard = tiny_config(
+        "eval.video=true", "eval.video_every=3", "logger.backend=tensorboard",
+        run_dir=tmp_path / "tb",
+    )  # fmt: skip
+    train(tensorboard)
+    events = EventAccumulator(str(next(Path(tensorboard.run_dir, "logs").rglob("events.*"))))
+    events.Reload()
+    assert [image.step for image in events.Images("eval/video")] == [400]
+    wandb = tiny_config(
+        "eval.video=true", "eval.video_every=3", "logger.backend=wandb", run_dir=tmp_path / "wb"
+    )
+    train(wandb)
+    videos = list(Path(wandb.run_dir, "logs").rglob("media/videos/eval/video_*.mp4"))
+    assert len(videos) == 1
+    assert_episode_video(decoded_mp4(videos[0]), PENDULUM_FRAMES, 500, 500)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU to train on")
+def test_a_run_trained_on_a_gpu_plays_on_a_cpu_only_machine(tiny_config) -> None:
+    config = tiny_config("device=cuda")
+    train(config)
+    done = subprocess.run(
+        [PYTHON, "-m", "rl_app.play", config.run_dir],
+        cwd=ROOT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    best = recorded_best(Path(config.run_dir) / "checkpoints")
+    assert f"{recorded_eval(best):.2f}" in done.stdout.splitlines()[-1]
 
 
 @pytest.mark.parametrize(
