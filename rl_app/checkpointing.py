@@ -36,6 +36,8 @@ from torchrl.checkpoint import (
 # The metadata key that ranks checkpoints.
 EVAL_METRIC = "eval_reward"
 CHECKSUM_FILE = "SHA256SUMS.json"
+# The acting policy's own component, so that playing a run reads nothing else.
+POLICY_COMPONENT = "policy"
 # Inside the checkpoints directory: which checkpoint is the best (rewritten after every
 # save and resume, so it follows rotations and the fallbacks that set damaged ones aside).
 BEST_INDEX = "best.json"
@@ -175,8 +177,13 @@ class RunCheckpoints:
 
     def load(self, path: Path) -> CheckpointLoadResult:
         """Restore every bound component from ``path`` (:func:`choose_checkpoint` picks a
-        verified one)."""
-        return self.checkpoint.load(path)
+        verified one). A checkpoint saved before the acting policy had a component of its
+        own restores the policy with the algorithm's networks, which hold it too."""
+        saved = Checkpoint.manifest(path)["components"]
+        names = [
+            name for name in self.checkpoint.components if name in saved or name != POLICY_COMPONENT
+        ]
+        return self.checkpoint.load(path, components=names)
 
 
 def recorded_best(directory: Path) -> Path | None:

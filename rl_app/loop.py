@@ -29,7 +29,12 @@ from torchrl.collectors import BaseCollector
 from torchrl.data import TensorDictReplayBuffer
 
 from rl_app.algorithms import Algorithm, make_algorithm
-from rl_app.checkpointing import CorruptCheckpoint, RunCheckpoints, choose_checkpoint
+from rl_app.checkpointing import (
+    POLICY_COMPONENT,
+    CorruptCheckpoint,
+    RunCheckpoints,
+    choose_checkpoint,
+)
 from rl_app.collection import (
     CollectorState,
     Devices,
@@ -177,8 +182,7 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         config.checkpoint.keep_last,
         {
             **algorithm.checkpoint_components(),
-            # The acting policy alone, so that playing a run reads nothing else.
-            "policy": algorithm.policy,
+            POLICY_COMPONENT: algorithm.policy,
             "replay_buffer": buffer,
             "collector": CollectorState(collector),
             "rng": GlobalRNGState(),

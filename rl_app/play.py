@@ -16,15 +16,17 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import gymnasium as gym
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
 from torchrl.checkpoint import Checkpoint, CheckpointError
+from torchrl.envs import EnvBase
 from torchrl.render import RenderConfig, collect_render_rollouts
 
 from rl_app.algorithms import make_policy
 from rl_app.checkpointing import (
     BEST_INDEX,
+    POLICY_COMPONENT,
     CorruptCheckpoint,
     choose_checkpoint,
     load_component,
@@ -33,9 +35,13 @@ from rl_app.checkpointing import (
 from rl_app.config import CHECKPOINTS_DIR, CONFIG_FILE, Config, ConfigError, read_run_config
 from rl_app.envs import make_env
 from rl_app.evaluation import evaluation_env
-from rl_app.video import RENDER_MODE, render_fps, render_problem, write_play_video
-
-POLICY_COMPONENT = "policy"  # the acting policy's own checkpoint component (rl_app.loop)
+from rl_app.video import (
+    RENDER_MODE,
+    episode_horizon,
+    render_fps,
+    render_problem,
+    write_play_video,
+)
 
 
 class PlayError(Exception):
@@ -122,48 +128,58 @@ def play(
     episodes = config.eval.episodes if episodes is None else episodes
     if episodes < 1:
         raise PlayError(f"--episodes {episodes} is out of range: it must be > 0")
-    if video is not None and video.suffix not in (".mp4", ".gif"):
-        raise PlayError(f"--video {str(video)!r} is not accepted: give a path ending in .mp4")
-    if video is not None and (problem := render_problem(config.env.name)) is not None:
-        raise PlayError(f"--video cannot work here: {problem}")
+    if video is not None:
+        check_video_target(video, config.env.name)
     path = resolve_checkpoint(run_dir, checkpoint)
     policy = load_policy(run_dir, str(path))
     env = evaluation_env(config, seed, render_mode=RENDER_MODE if video is not None else None)
-    render = RenderConfig(
-        ckpt=path,
-        policy=load_policy,
-        env=make_env,
-        max_steps=gym.spec(config.env.name.split(":")[-1]).max_episode_steps or 100_000,
-        seed=None,  # the env is seeded once, as the evaluation's is
-        fps=render_fps(config.env.name),
-        render_backend="env",
-        format="gif" if video is not None and video.suffix == ".gif" else "mp4",
-        out=video,
-        artifact_dir=video.parent if video is not None else None,
-        overwrite=True,
-    )
+    render = render_config(config, path, video)
     try:
-        # The first episode is filmed (if asked); the others follow from the same env.
-        filmed = collect_render_rollouts(
-            env,
-            policy,
-            render if video is not None else dataclasses.replace(render, render_backend="null"),
-        )
-        rest = (
-            collect_render_rollouts(
-                env,
-                policy,
-                dataclasses.replace(render, render_backend="null", num_trajs=episodes - 1),
-            ).trajectories
-            if episodes > 1
-            else []
-        )
+        # The first episode is filmed (if asked); the others follow it from the same env.
+        filmed = collect_render_rollouts(env, policy, render)
+        rest = unfilmed(env, policy, render, episodes - 1)
     finally:
         env.close()
     # The return as the Evaluator reads it: the episode's running sum, averaged in float32.
     returns = [float(t["next", "episode_reward"][-1]) for t in [*filmed.trajectories, *rest]]
     written, note = write_play_video(filmed, render) if video is not None else (None, None)
     return PlayResult(path, returns, torch.tensor(returns).mean().item(), written, note)
+
+
+def check_video_target(video: Path, env_name: str) -> None:
+    if video.suffix not in (".mp4", ".gif"):
+        raise PlayError(
+            f"--video {str(video)!r} is not accepted: give a path ending in .mp4 or .gif"
+        )
+    problem = render_problem(env_name)
+    if problem is not None:
+        raise PlayError(f"--video cannot work here: {problem}")
+
+
+def render_config(config: Config, checkpoint: Path, video: Path | None) -> RenderConfig:
+    """What ``torchrl.render`` needs to play (and, with ``video``, film) one episode."""
+    return RenderConfig(
+        ckpt=checkpoint,
+        policy=load_policy,
+        env=make_env,
+        max_steps=episode_horizon(config.env.name),
+        seed=None,  # the env is seeded once, as the evaluation's is
+        fps=render_fps(config.env.name),
+        render_backend="env" if video is not None else "null",
+        format="gif" if video is not None and video.suffix == ".gif" else "mp4",
+        out=video,
+        artifact_dir=video.parent if video is not None else None,
+        overwrite=True,
+    )
+
+
+def unfilmed(
+    env: EnvBase, policy: TensorDictModule, render: RenderConfig, episodes: int
+) -> list[TensorDictBase]:
+    if episodes < 1:
+        return []
+    unrendered = dataclasses.replace(render, render_backend="null", num_trajs=episodes)
+    return collect_render_rollouts(env, policy, unrendered).trajectories
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

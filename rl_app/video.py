@@ -60,9 +60,13 @@ def encoder_problem(backend: str) -> str | None:
     """Why the logger ``backend`` cannot encode videos here (None if it can). The CSV logger
     writes MP4 through torchcodec (FFmpeg's libraries); wandb and TensorBoard use moviepy."""
     if backend in ("wandb", "tensorboard"):
+        # TensorBoard imports moviepy.editor, which moviepy 2 no longer has.
         module = "moviepy.editor" if backend == "tensorboard" else "moviepy"
-        if importlib.util.find_spec("moviepy") is None:
-            return f"logger.backend={backend} encodes videos with {module}: pip install it"
+        if importlib.util.find_spec("moviepy") is None or importlib.util.find_spec(module) is None:
+            return (
+                f"logger.backend={backend} encodes videos with {module}: "
+                "install the moviepy pinned in requirements.txt"
+            )
         return None
     return mp4_problem()
 
@@ -86,6 +90,11 @@ def render_fps(env_name: str) -> int:
     probe = gym.make(env_name.split(":")[-1])
     probe.close()
     return int(probe.metadata.get("render_fps", 30))
+
+
+def episode_horizon(env_name: str) -> int:
+    """Steps a rollout may take: the env's time limit (episodes end at it anyway)."""
+    return gym.spec(env_name.split(":")[-1]).max_episode_steps or 100_000
 
 
 def recording_env(config: Config, logger: Logger) -> tuple[EnvBase, VideoRecorder]:
@@ -114,10 +123,9 @@ def record_evaluation_video(
     env, recorder = recording_env(config, logger)
     actor = policy_factory()
     actor.load_state_dict(policy.state_dict())
-    horizon = gym.spec(config.env.name.split(":")[-1]).max_episode_steps or 100_000
     try:
         with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-            env.rollout(horizon, actor, break_when_any_done=True)
+            env.rollout(episode_horizon(config.env.name), actor, break_when_any_done=True)
         recorder.dump(step=step)
     finally:
         env.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 from typing import ClassVar
@@ -117,6 +118,20 @@ def test_best_index_follows_rotation_and_a_fallback_after_corruption(tiny_config
     assert best in remaining
     assert recorded_eval(best) == max(recorded_eval(path) for path in remaining)
     assert json.loads((directory / BEST_INDEX).read_text())["checkpoint"] == best.name
+
+
+def test_a_checkpoint_without_a_policy_component_still_resumes(tiny_config) -> None:
+    """Checkpoints saved before the policy had its own component restore it from the
+    algorithm's networks."""
+    config = tiny_config()
+    train(config)
+    for checkpoint in Path(config.run_dir, "checkpoints").glob("checkpoint-*"):
+        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        record = manifest["components"].pop("policy")
+        shutil.rmtree(checkpoint / record["path"])
+        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+    result = train(tiny_config("collector.total_frames=1600"))
+    assert result.frames == 1600
 
 
 def decoded_mp4(path: Path) -> torch.Tensor:
