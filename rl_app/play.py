@@ -1,5 +1,7 @@
-"""Play a trained run: ``python -m rl_app.play RUN_DIR [--checkpoint best|last|PATH]
-[--episodes N] [--seed S] [--video PATH]``.
+"""Play a trained run's policy from one of its checkpoints, optionally filming it.
+
+``python -m rl_app.play RUN_DIR [--checkpoint best|last|PATH] [--episodes N] [--seed S]
+[--video PATH]``.
 
 Only the acting policy is built (no loss, optimizer, replay buffer or collector), from the
 run's ``config.yaml``, and its weights come from the checkpoint's ``policy`` component
