@@ -460,7 +460,8 @@ def check_video(config: Config) -> None:
             "eval.video=true needs a logger backend to send videos to: "
             "set logger.backend to csv, wandb or tensorboard"
         )
-    from rl_app.video import encoder_problem, render_problem  # imports torchrl: only when used
+    # Imported here: rl_app.video imports this module (and torchrl, needed only for videos).
+    from rl_app.video import encoder_problem, render_problem
 
     problem = render_problem(config.env.name) or encoder_problem(config.logger.backend)
     if problem is not None:
