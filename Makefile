@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-requirements
 
-.PHONY: venv train test test-fast bench results lint slurm-up slurm-down clean
+.PHONY: venv ffmpeg train test test-fast bench results play compare lint slurm-up slurm-down clean
 
 venv: $(INSTALLED)
 
@@ -14,15 +14,20 @@ $(INSTALLED): requirements.txt
 	$(PY) -m pip install --quiet --requirement requirements.txt
 	cp requirements.txt $(INSTALLED)
 
+# torchcodec (TorchRL's MP4 writer) loads FFmpeg's shared libraries, a system package.
+ffmpeg: ## FFmpeg's libraries for MP4 videos (installs Debian's ffmpeg when missing; root)
+	@ldconfig -p | grep -q libavcodec || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg)
+
 train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
 	$(PY) train.py $(ARGS)
 
-test: venv ## The whole suite, learning checks included; starts the local SLURM cluster first
+test: venv ffmpeg ## The whole suite, learning checks included; starts the local SLURM cluster first
 	@$(MAKE) --no-print-directory slurm-up || \
 		echo "local SLURM cluster not started (reason above): slurm tests skip (fail when CI is set)"
 	$(PY) -m pytest -rs $(PYTEST_ARGS)
 
-test-fast: venv ## Everything but the minutes-long learning checks and the SLURM cluster tests
+test-fast: venv ffmpeg ## Everything but the minutes-long learning checks and the SLURM cluster tests
 	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
 
 bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
@@ -30,6 +35,12 @@ bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to 
 
 results: venv ## The shipped presets over 5 seeds: runs/results/results.md and docs/results.png
 	$(PY) -m tools.results $(ARGS)
+
+play: venv ## Play a run's best checkpoint: RUN=runs/<run>, ARGS="--video out.mp4 --episodes 3 ..."
+	$(PY) -m rl_app.play $(RUN) $(ARGS)
+
+compare: venv ## Compare runs: RUNS="runs/a runs/b ...", OUT=dir (default: a new runs/compare-*)
+	$(PY) -m rl_app.compare $(RUNS) $(if $(OUT),--out $(OUT))
 
 slurm-up: ## Start the local one-node SLURM cluster (root; installs its Debian packages if missing)
 	bash slurm/local-cluster/up.sh

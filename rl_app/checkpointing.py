@@ -16,8 +16,9 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,11 @@ from torchrl.checkpoint import (
 # The metadata key that ranks checkpoints.
 EVAL_METRIC = "eval_reward"
 CHECKSUM_FILE = "SHA256SUMS.json"
+# The acting policy's own component, so that playing a run reads nothing else.
+POLICY_COMPONENT = "policy"
+# Inside the checkpoints directory: which checkpoint is the best (rewritten after every
+# save and resume, so it follows rotations and the fallbacks that set damaged ones aside).
+BEST_INDEX = "best.json"
 
 
 class CorruptCheckpoint(Exception):
@@ -86,14 +92,20 @@ def adapter_for(component: Any) -> CheckpointAdapter:
     return ChecksummedAdapter(inner)
 
 
-def verify_checkpoint(path: Path) -> None:
-    """Raise :class:`CorruptCheckpoint` unless every file of the checkpoint at ``path`` is
-    present and unchanged since it was saved. Reads only."""
+def verify_checkpoint(path: Path, components: Collection[str] | None = None) -> None:
+    """Raise :class:`CorruptCheckpoint` unless every file of the checkpoint at ``path`` (of
+    the named ``components`` only, if given) is present and unchanged since it was saved.
+    Reads only."""
     try:
         manifest = Checkpoint.manifest(path)
     except (CheckpointError, OSError, ValueError) as error:
         raise CorruptCheckpoint(f"unreadable manifest ({error})") from None
+    missing = set(components or ()) - set(manifest["components"])
+    if missing:
+        raise CorruptCheckpoint(f"it has no component {', '.join(sorted(missing))}")
     for name, record in manifest["components"].items():
+        if components is not None and name not in components:
+            continue
         component_dir = path / record["path"]
         try:
             expected = json.loads((component_dir / CHECKSUM_FILE).read_text())
@@ -140,7 +152,22 @@ class RunCheckpoints:
                 f"No space left on device: a checkpoint needs about {needed / 1e6:.1f} MB "
                 f"and {free / 1e6:.1f} MB are free in {self.rotation.directory}",
             )
-        return self.rotation.save(self.checkpoint, step=frames, metadata={EVAL_METRIC: eval_reward})
+        saved = self.rotation.save(
+            self.checkpoint, step=frames, metadata={EVAL_METRIC: eval_reward}
+        )
+        self.record_best()
+        return saved
+
+    def record_best(self) -> None:
+        """Write which checkpoint is the best to ``BEST_INDEX``, atomically."""
+        best = self.best()
+        if best is None:
+            return
+        metric = Checkpoint.manifest(best)["metadata"][EVAL_METRIC]
+        index = self.rotation.directory / BEST_INDEX
+        staged = index.with_name(f".{BEST_INDEX}.staged")
+        staged.write_text(json.dumps({"checkpoint": best.name, EVAL_METRIC: metric}) + "\n")
+        os.replace(staged, index)
 
     def latest(self) -> Path | None:
         return self.rotation.latest()
@@ -150,8 +177,31 @@ class RunCheckpoints:
 
     def load(self, path: Path) -> CheckpointLoadResult:
         """Restore every bound component from ``path`` (:func:`choose_checkpoint` picks a
-        verified one)."""
-        return self.checkpoint.load(path)
+        verified one). A checkpoint saved before the acting policy had a component of its
+        own restores the policy with the algorithm's networks, which hold it too."""
+        saved = Checkpoint.manifest(path)["components"]
+        names = [
+            name for name in self.checkpoint.components if name in saved or name != POLICY_COMPONENT
+        ]
+        return self.checkpoint.load(path, components=names)
+
+
+def recorded_best(directory: Path) -> Path | None:
+    """The checkpoint ``BEST_INDEX`` names in ``directory``, or None without an index."""
+    try:
+        name = json.loads((directory / BEST_INDEX).read_text())["checkpoint"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return directory / name
+
+
+def load_component(path: Path, name: str, component: Any, map_location: str = "cpu") -> None:
+    """Restore the component ``name`` of the checkpoint at ``path`` into ``component``,
+    after checking that component's files; the other components are not read."""
+    verify_checkpoint(path, components=[name])
+    checkpoint = Checkpoint()
+    checkpoint.register(name, component, adapter=adapter_for(component))
+    checkpoint.load(path, components={name}, map_location=map_location, strict="error")
 
 
 def checkpoint_candidates(directory: Path) -> list[Path]:

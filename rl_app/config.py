@@ -178,6 +178,13 @@ class EvalConfig:
         2_000, "evaluate every N collected frames", at_least=1, on_resume=True
     )
     episodes: int = setting(10, "episodes per evaluation", at_least=1, on_resume=True)
+    video: bool = setting(
+        False, "record an evaluation episode and send it to the logger backend", on_resume=True
+    )
+    video_every: int = setting(
+        1, "record the video at every N-th evaluation (eval.video=true)", at_least=1,
+        on_resume=True,
+    )  # fmt: skip
 
 
 @dataclass
@@ -448,6 +455,15 @@ def as_number(value: Any) -> float | int | None:
     return number if math.isfinite(number) else None
 
 
+def read_run_config(run_dir: Path) -> Config:
+    """The config a run saved in its directory (reads only; values were validated then)."""
+    try:
+        saved = OmegaConf.load(run_dir / CONFIG_FILE)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), saved))
+    except OmegaConfBaseException as error:
+        raise ConfigError(f"{run_dir / CONFIG_FILE}: {describe_omegaconf_error(error)}") from None
+
+
 def holds_checkpoint(run_dir: Path) -> bool:
     """Whether ``run_dir`` is a run with at least one checkpoint (it will resume)."""
     return (run_dir / CONFIG_FILE).is_file() and any(
@@ -558,6 +574,27 @@ def validate(config: Config) -> None:
                 f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
                 f"sampler it must be a multiple of replay.slice_len={config.replay.slice_len}"
             )
+    check_video(config)
+
+
+# --- evaluation videos (eval.video) ---
+
+
+def check_video(config: Config) -> None:
+    """A run asked to record videos must be able to render its env headless and to encode
+    for its logger backend: checked here, so that it fails at start and not mid-run."""
+    if not config.eval.video:
+        return
+    if config.logger.backend == "none":
+        raise ConfigError(
+            "eval.video=true needs a logger backend to send videos to: "
+            "set logger.backend to csv, wandb or tensorboard"
+        )
+    from rl_app.rendering import encoder_problem, render_problem  # torchrl: only for videos
+
+    problem = render_problem(config.env.name) or encoder_problem(config.logger.backend)
+    if problem is not None:
+        raise ConfigError(f"eval.video=true cannot work here: {problem}")
 
 
 def check_declared(key: str, value: Any, accepted: dict[str, Any]) -> None:

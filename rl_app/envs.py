@@ -48,16 +48,19 @@ class ReplayableReset(gym.Wrapper):
         return super().step(action)
 
 
-def make_env(env: EnvConfig, seed: int, device: str | torch.device = "cpu") -> EnvBase:
+def make_env(
+    env: EnvConfig, seed: int, device: str | torch.device = "cpu", render_mode: str | None = None
+) -> EnvBase:
     """One seeded environment: float observations, a step counter, the episode return
     (``episode_reward``) and ``is_init`` flags at episode starts.
 
     With ``env.num_envs > 1`` it is a batch of envs stepped together in this process (a
     Gymnasium ``SyncVectorEnv``): one policy call and one TorchRL step serve them all. Its
     envs reset one by one when their episodes end (TorchRL asks for partial resets, so the
-    vector env's own autoreset is off)."""
+    vector env's own autoreset is off). ``render_mode`` (one env only) is Gymnasium's, e.g.
+    ``"rgb_array"`` for videos."""
     if env.num_envs == 1:
-        gym_env = ReplayableReset(gym.make(env.name))
+        gym_env = ReplayableReset(gym.make(env.name, render_mode=render_mode))
     else:
         gym_env = gym.vector.SyncVectorEnv(
             [functools.partial(gym.make, env.name)] * env.num_envs,

@@ -7,9 +7,10 @@ from collections.abc import Callable
 
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Evaluator
+from torchrl.envs import EnvBase
 
 from rl_app.config import Config
-from rl_app.envs import EVAL_SEED_OFFSET, env_factory
+from rl_app.envs import EVAL_SEED_OFFSET, env_factory, make_env
 
 
 def evaluate(
@@ -35,3 +36,21 @@ def evaluate(
         return float(evaluator.evaluate(policy)["eval/reward"])
     finally:
         evaluator.shutdown()
+
+
+def evaluation_env(
+    config: Config, seed: int | None = None, render_mode: str | None = None
+) -> EnvBase:
+    """An env whose next episodes are those :func:`evaluate` plays, in the same order (with
+    ``seed``, other ones), for replaying them without an Evaluator.
+
+    It is seeded as the evaluation's env and reset once: the Evaluator's collector resets
+    its env when it is built, then again before collecting, so the first reset's episode
+    is never played."""
+    env = make_env(
+        dataclasses.replace(config.env, num_envs=1),
+        config.seed + EVAL_SEED_OFFSET if seed is None else seed,
+        render_mode=render_mode,
+    )
+    env.reset()
+    return env

@@ -31,7 +31,12 @@ from torchrl.collectors import BaseCollector
 from torchrl.data import TensorDictReplayBuffer
 
 from rl_app.algorithms import Algorithm, make_algorithm
-from rl_app.checkpointing import CorruptCheckpoint, RunCheckpoints, choose_checkpoint
+from rl_app.checkpointing import (
+    POLICY_COMPONENT,
+    CorruptCheckpoint,
+    RunCheckpoints,
+    choose_checkpoint,
+)
 from rl_app.collection import (
     CollectorState,
     Devices,
@@ -47,6 +52,7 @@ from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
 from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, write_priorities
 from rl_app.runlock import run_dir_lock
+from rl_app.video import record_evaluation_video
 
 log = logging.getLogger("rl_app")
 
@@ -67,10 +73,12 @@ class Progress:
     updates: int = 0
     episodes: int = 0
     last_eval_frames: int = 0
+    evaluations: int = 0
     best_eval_reward: float = float("-inf")
     last_eval_reward: float = float("nan")
 
     def record_eval(self, eval_reward: float) -> None:
+        self.evaluations += 1
         self.last_eval_frames = self.frames
         self.last_eval_reward = eval_reward
         self.best_eval_reward = max(self.best_eval_reward, eval_reward)
@@ -100,7 +108,8 @@ class TrainResult:
 # these names), and an error message names the phase it happened in.
 PHASES = (
     "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
-    "checking metrics", "syncing weights", "evaluating", "logging", "saving a checkpoint",
+    "checking metrics", "syncing weights", "evaluating", "recording a video", "logging",
+    "saving a checkpoint",
 )  # fmt: skip
 
 
@@ -196,6 +205,7 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         config.checkpoint.keep_last,
         {
             **algorithm.checkpoint_components(),
+            POLICY_COMPONENT: algorithm.policy,
             "replay_buffer": buffer,
             "collector": CollectorState(collector),
             "rng": GlobalRNGState(),
@@ -229,6 +239,7 @@ def train_locked(config: Config, run_dir: Path) -> TrainResult:
     try:
         if resume_from is not None:
             run.checkpoints.load(resume_from)
+            run.checkpoints.record_best()  # a fallback may have set the best one aside
             run.logger.rewind(run.progress.frames)
             log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
             if run.progress.frames >= config.collector.total_frames:
@@ -319,6 +330,15 @@ def run_iterations(run: Run) -> TrainResult:
                         config, algorithm.policy_factory(), algorithm.policy
                     )
                 progress.record_eval(metrics[EVAL_KEY])
+                if config.eval.video and (progress.evaluations - 1) % config.eval.video_every == 0:
+                    with phases("recording a video"):
+                        record_evaluation_video(
+                            config,
+                            algorithm.policy_factory(),
+                            algorithm.policy,
+                            run.logger.backend,
+                            progress.frames,
+                        )
             with phases("logging"):
                 run.logger.log(progress.frames, metrics)
             if EVAL_KEY in metrics:

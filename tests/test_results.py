@@ -1,4 +1,5 @@
-"""``make results``' summary: final returns over seeds, the table and the figure."""
+"""``make results``' summary: final returns over seeds, the table and the figure, made by
+``rl_app.compare``'s functions."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tools.results import markdown_table, plot_curves, summarize_preset
+from rl_app.compare import markdown_table, plot_comparison, read_run, summarize_group
+from rl_app.config import load_config, to_yaml
 
 
 def fake_run(run_dir: Path, evals: list[float], wall_seconds: float) -> Path:
     run_dir.mkdir(parents=True)
+    config = load_config("default", [f"run_dir={run_dir}", "logger.backend=none"])
+    (run_dir / "config.yaml").write_text(to_yaml(config))
     rows = [
         {"frames": 1000 * (index + 1), "wall_seconds": wall_seconds * (index + 1) / len(evals),
          "eval/return": value}
@@ -26,14 +30,13 @@ def test_the_summary_takes_each_runs_last_evaluation(tmp_path: Path) -> None:
         fake_run(tmp_path / "a", [-900.0, -300.0, -150.0], wall_seconds=60.0),
         fake_run(tmp_path / "b", [-800.0, -100.0, -250.0], wall_seconds=120.0),
     ]
-    summary = summarize_preset(runs)
-    assert summary["final_eval_returns"] == [-150.0, -250.0]
-    assert summary["final_eval_mean"] == -200.0
-    assert summary["final_eval_std"] == pytest.approx(70.71, abs=0.01)
-    assert summary["best_eval_returns"] == [-150.0, -100.0]
-    assert summary["frames"] == 3000 and summary["wall_seconds"] == [60.0, 120.0]
+    summary = summarize_group("default", [read_run(run) for run in runs])
+    assert summary.final_eval_returns == [-150.0, -250.0]
+    assert summary.best_eval_returns == [-150.0, -100.0]
+    assert summary.frames == 3000 and summary.wall_seconds == [60.0, 120.0]
 
-    table = markdown_table({"default": summary})
-    assert "| `default` | 2 | 3,000 | -200.0 ± 70.7 | -125.0 | 1.5 min |" in table
-    plot_curves({"default": summary}, tmp_path / "curves.png")
+    table = markdown_table([summary])
+    assert "| `default` | 2 | 3,000 | -200.0 ± 70.7 | -125.0 ± 35.4 | 1.5 min |" in table
+    assert pytest.approx(summary.curve_mean) == [-850.0, -200.0, -200.0]
+    plot_comparison([summary], tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,230 @@
+"""Compare runs: ``python -m rl_app.compare RUN_DIR... [--out DIR]``.
+
+Reads each run's ``config.yaml`` and ``metrics.jsonl``, groups the runs whose configs
+differ only by ``seed`` (and by bookkeeping: ``run_dir``, ``launcher``, ``threads``,
+``logger.*``, ``slurm.*``), and writes ``compare.png`` (evaluation return against frames:
+each group's mean over seeds with a 95% bootstrap interval, one panel per environment) and
+``compare.md`` (final and best evaluation return per group, mean ± std over seeds, seeds,
+frames, wall time). Groups are labelled by the settings that differ between them. A run
+directory that cannot be read is named and skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+from omegaconf import OmegaConf
+
+from rl_app.config import CONFIG_FILE, flatten
+from rl_app.logger import EVAL_KEY, METRICS_FILE, label_eval_axes, read_metrics
+
+# Keys that do not make two runs different experiments.
+BOOKKEEPING_KEYS = ("seed", "run_dir", "launcher", "threads")
+BOOKKEEPING_GROUPS = ("logger.", "slurm.")
+BOOTSTRAP_SAMPLES = 2_000
+FIGURE_FILE = "compare.png"
+TABLE_FILE = "compare.md"
+
+
+class UnreadableRun(Exception):
+    """A run directory without what a comparison needs."""
+
+
+@dataclass
+class RunRecord:
+    path: Path
+    settings: dict[str, Any]  # the config, flattened, without bookkeeping keys
+    rows: list[dict[str, Any]]
+
+    @property
+    def evals(self) -> dict[int, float]:
+        return {row["frames"]: row[EVAL_KEY] for row in self.rows if EVAL_KEY in row}
+
+
+@dataclass
+class GroupSummary:
+    label: str
+    env_name: str
+    runs: list[str]
+    frames: int
+    final_eval_returns: list[float]
+    best_eval_returns: list[float]
+    wall_seconds: list[float]
+    curve_frames: list[int] = field(default_factory=list)
+    curve_mean: list[float] = field(default_factory=list)
+    curve_low: list[float] = field(default_factory=list)
+    curve_high: list[float] = field(default_factory=list)
+
+
+def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
+    flat = flatten(config)
+    return {
+        key: value
+        for key, value in flat.items()
+        if key not in BOOKKEEPING_KEYS and not key.startswith(BOOKKEEPING_GROUPS)
+    }
+
+
+def read_run(path: Path) -> RunRecord:
+    """A run's settings and metrics; :class:`UnreadableRun` says what is missing."""
+    if not (path / CONFIG_FILE).is_file():
+        raise UnreadableRun(f"{path}: no {CONFIG_FILE}")
+    rows = read_metrics(path)
+    if not any(EVAL_KEY in row for row in rows):
+        raise UnreadableRun(f"{path}: no evaluation in {METRICS_FILE}")
+    config = OmegaConf.to_container(OmegaConf.load(path / CONFIG_FILE))
+    return RunRecord(path, experiment_settings(config), rows)
+
+
+def read_runs(paths: Sequence[Path]) -> tuple[list[RunRecord], list[str]]:
+    """The readable runs, and one line for each run skipped."""
+    runs, skipped = [], []
+    for path in paths:
+        try:
+            runs.append(read_run(path))
+        except UnreadableRun as why:
+            skipped.append(str(why))
+    return runs, skipped
+
+
+def group_runs(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
+    """Runs with the same settings, labelled by the settings that differ between groups."""
+    groups: dict[tuple, list[RunRecord]] = {}
+    for run in runs:
+        key = tuple(sorted((name, repr(value)) for name, value in run.settings.items()))
+        groups.setdefault(key, []).append(run)
+    members = list(groups.values())
+    keys = sorted({key for group in members for key in group[0].settings})
+    differing = [
+        key for key in keys if len({repr(group[0].settings.get(key)) for group in members}) > 1
+    ]
+    return {group_label(group[0].settings, differing): group for group in members}
+
+
+def group_label(settings: dict[str, Any], differing: list[str]) -> str:
+    if not differing:
+        return f"{settings.get('algo')} on {settings.get('env.name')}"
+    return ", ".join(f"{key}={settings.get(key)}" for key in differing)
+
+
+def bootstrap_interval(
+    values: np.ndarray, rng: np.random.Generator, level: float = 0.95
+) -> tuple[np.ndarray, np.ndarray]:
+    """Percentile bootstrap interval of the mean over seeds (axis 0), at each point."""
+    picks = rng.integers(0, values.shape[0], size=(BOOTSTRAP_SAMPLES, values.shape[0]))
+    means = values[picks].mean(axis=1)
+    tail = (1 - level) / 2 * 100
+    return np.percentile(means, tail, axis=0), np.percentile(means, 100 - tail, axis=0)
+
+
+def summarize_group(label: str, runs: Sequence[RunRecord]) -> GroupSummary:
+    """Final and best evaluation returns, frames, wall time and the mean curve of a group
+    (over the evaluation points all its runs share)."""
+    evals = [run.evals for run in runs]
+    shared = sorted(set.intersection(*(set(points) for points in evals)))
+    curves = np.array([[points[frame] for frame in shared] for points in evals])
+    low, high = bootstrap_interval(curves, np.random.default_rng(0))
+    return GroupSummary(
+        label=label,
+        env_name=str(runs[0].settings.get("env.name")),
+        runs=[str(run.path) for run in runs],
+        frames=max(run.rows[-1]["frames"] for run in runs),
+        final_eval_returns=[points[max(points)] for points in evals],
+        best_eval_returns=[max(points.values()) for points in evals],
+        wall_seconds=[run.rows[-1].get("wall_seconds", 0.0) for run in runs],
+        curve_frames=shared,
+        curve_mean=curves.mean(axis=0).tolist(),
+        curve_low=low.tolist(),
+        curve_high=high.tolist(),
+    )
+
+
+def mean_std(values: Sequence[float]) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.1f} ± {std:.1f}"
+
+
+def markdown_table(summaries: Sequence[GroupSummary]) -> str:
+    lines = [
+        "| group | seeds | frames | final eval return (mean ± std) "
+        "| best eval return (mean ± std) | wall time per run |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for group in summaries:
+        wall = statistics.mean(group.wall_seconds) / 60
+        lines.append(
+            f"| `{group.label}` | {len(group.runs)} | {group.frames:,} | "
+            f"{mean_std(group.final_eval_returns)} | {mean_std(group.best_eval_returns)} | "
+            f"{wall:.1f} min |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot_comparison(summaries: Sequence[GroupSummary], path: Path) -> None:
+    """Mean evaluation return with its 95% bootstrap interval per group; groups of the same
+    environment share a panel (returns of different environments do not compare)."""
+    envs = list(dict.fromkeys(group.env_name for group in summaries))
+    figure, panels = plt.subplots(1, len(envs), figsize=(5 * len(envs), 3.6), squeeze=False)
+    for axes, env_name in zip(panels[0], envs, strict=True):
+        for group in (group for group in summaries if group.env_name == env_name):
+            line = axes.plot(
+                group.curve_frames, group.curve_mean, marker="o", markersize=3,
+                label=f"{group.label} ({len(group.runs)} seeds)",
+            )[0]  # fmt: skip
+            axes.fill_between(
+                group.curve_frames, group.curve_low, group.curve_high,
+                color=line.get_color(), alpha=0.2,
+            )  # fmt: skip
+        axes.set_title(env_name)
+        axes.legend(fontsize=7)
+        label_eval_axes(axes)
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
+
+
+def compare(paths: Sequence[Path], out: Path) -> tuple[list[GroupSummary], list[str]]:
+    """Write ``compare.png`` and ``compare.md`` to ``out``; return the groups and the runs
+    skipped (one line each)."""
+    runs, skipped = read_runs(paths)
+    if not runs:
+        raise UnreadableRun("no run to compare: " + "; ".join(skipped))
+    summaries = [summarize_group(label, group) for label, group in group_runs(runs).items()]
+    out.mkdir(parents=True, exist_ok=True)
+    plot_comparison(summaries, out / FIGURE_FILE)
+    (out / TABLE_FILE).write_text(markdown_table(summaries))
+    return summaries, skipped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories")
+    parser.add_argument("--out", type=Path, help="default: runs/compare-<date>-<time>")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    out = args.out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        summaries, skipped = compare(args.runs, out)
+    except UnreadableRun as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for why in skipped:
+        print(f"skipped {why}", file=sys.stderr)
+    print(markdown_table(summaries), end="")
+    print(f"figure: {out / FIGURE_FILE}\ntable: {out / TABLE_FILE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

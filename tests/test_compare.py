@@ -1,0 +1,117 @@
+"""Comparing runs: groups of seeds, their labels and statistics, the figure and the table."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from rl_app.compare import FIGURE_FILE, TABLE_FILE, compare
+from rl_app.config import load_config, to_yaml
+from rl_app.loop import train
+from tests.helpers import PYTHON, ROOT
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def synthetic_run(run_dir: Path, overrides: list[str], evals: list[float]) -> Path:
+    """A run directory as training leaves it: its config and one metrics row per evaluation."""
+    run_dir.mkdir(parents=True)
+    config = load_config("default", [*overrides, f"run_dir={run_dir}", "logger.backend=none"])
+    (run_dir / "config.yaml").write_text(to_yaml(config))
+    rows = [
+        {"frames": 1000 * (index + 1), "wall_seconds": 30.0 * (index + 1), "eval/return": value}
+        for index, value in enumerate(evals)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return run_dir
+
+
+EVALS = {
+    "3e-4": [[-900.0, -300.0, -150.0], [-800.0, -100.0, -250.0], [-700.0, -400.0, -200.0]],
+    "1e-3": [[-600.0, -200.0, -120.0], [-500.0, -300.0, -140.0], [-400.0, -250.0, -160.0]],
+}
+
+
+@pytest.fixture
+def two_settings(tmp_path: Path) -> list[Path]:
+    """Three seeds of each of two learning rates (and bookkeeping keys that differ)."""
+    return [
+        synthetic_run(
+            tmp_path / f"lr{lr}-seed{seed}",
+            [f"optim.lr={lr}", f"seed={seed}", f"threads={seed}", f"logger.project=p{seed}"],
+            evals,
+        )
+        for lr, runs in EVALS.items()
+        for seed, evals in enumerate(runs, start=1)
+    ]
+
+
+def test_seeds_of_two_settings_make_two_groups_labelled_by_the_setting(
+    two_settings: list[Path], tmp_path: Path
+) -> None:
+    summaries, skipped = compare(two_settings, tmp_path / "out")
+    assert skipped == []
+    by_label = {group.label: group for group in summaries}
+    assert set(by_label) == {"optim.lr=0.0003", "optim.lr=0.001"}
+    for lr, label in (("3e-4", "optim.lr=0.0003"), ("1e-3", "optim.lr=0.001")):
+        group, evals = by_label[label], EVALS[lr]
+        assert len(group.runs) == 3 and group.frames == 3000
+        assert group.final_eval_returns == [run[-1] for run in evals]
+        assert group.best_eval_returns == [max(run) for run in evals]
+        assert group.curve_frames == [1000, 2000, 3000]
+        by_hand = [statistics.mean(values) for values in zip(*evals, strict=True)]
+        assert group.curve_mean == pytest.approx(by_hand)
+        for low, mean, high in zip(
+            group.curve_low, group.curve_mean, group.curve_high, strict=True
+        ):
+            assert low <= mean <= high
+    table = (tmp_path / "out" / TABLE_FILE).read_text()
+    final = [run[-1] for run in EVALS["1e-3"]]
+    best = [max(run) for run in EVALS["1e-3"]]
+    assert (
+        f"| `optim.lr=0.001` | 3 | 3,000 | {statistics.mean(final):.1f} ± "
+        f"{statistics.stdev(final):.1f} | {statistics.mean(best):.1f} ± "
+        f"{statistics.stdev(best):.1f} | 1.5 min |"
+    ) in table
+    assert (tmp_path / "out" / FIGURE_FILE).read_bytes()[:8] == PNG
+
+
+def test_compare_cli_skips_a_run_without_metrics_by_name(tiny_config, tmp_path: Path) -> None:
+    config = tiny_config()
+    train(config)
+    empty = tmp_path / "not-trained"
+    empty.mkdir()
+    (empty / "config.yaml").write_text(to_yaml(config))
+    done = subprocess.run(
+        [PYTHON, "-m", "rl_app.compare", config.run_dir, str(empty)],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and f"skipped {empty}: no evaluation" in done.stderr
+    outputs = [Path(line.split(": ", 1)[1]) for line in done.stdout.splitlines()[-2:]]
+    assert [path.name for path in outputs] == [FIGURE_FILE, TABLE_FILE]
+    assert (tmp_path / outputs[0]).parent.parent == tmp_path / "runs"  # the default OUT
+    rows = [json.loads(line) for line in Path(config.run_dir, "metrics.jsonl").open()]
+    final = [row["eval/return"] for row in rows if "eval/return" in row][-1]
+    assert f"| `sac on Pendulum-v1` | 1 | 1,200 | {final:.1f} ± 0.0 |" in done.stdout
+
+
+def test_nothing_to_compare_exits_2_with_one_line(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [PYTHON, "-m", "rl_app.compare", str(tmp_path / "missing")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "missing" in done.stderr
