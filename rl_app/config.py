@@ -107,6 +107,12 @@ class OptimConfig:
     utd_ratio: float = setting(1.0, "gradient updates per collected frame")
     gamma: float = setting(0.99, "discount factor")
     tau: float = setting(0.005, "soft target-network update rate")
+    target: str = setting(
+        "td0",
+        "value target: td0 | nstep (rewards to the slice end, then bootstrap) | td_lambda "
+        "(TD(lambda) over each slice); multi-step targets need a slice sampler",
+    )
+    lmbda: float = setting(0.9, "lambda of optim.target=td_lambda")
     compile: bool = setting(
         False, "torch.compile the loss: faster updates after a one-time compile (cached on disk)"
     )
@@ -212,6 +218,7 @@ LAUNCHERS = ("local", "slurm")
 ALGORITHM_ACTIONS = {"sac": "continuous", "dqn": "discrete"}
 COLLECTOR_MODES = ("direct", "sync", "async", "distributed")
 SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
+VALUE_TARGETS = ("td0", "nstep", "td_lambda")
 LOGGER_BACKENDS = ("none", "csv", "wandb", "tensorboard")
 
 
@@ -427,6 +434,25 @@ def validate(config: Config) -> None:
                 f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
                 f"sampler it must be a multiple of replay.slice_len={config.replay.slice_len}"
             )
+
+    # Learning targets: the value target (multi-step ones need slices).
+    check_value_target(config.optim, config.replay.sampler)
+
+
+def check_value_target(optim: OptimConfig, sampler: str) -> None:
+    """Multi-step targets run along the time dimension of sampled slices."""
+    if optim.target not in VALUE_TARGETS:
+        raise ConfigError(
+            f"optim.target={optim.target!r} is not accepted: choose one of "
+            + ", ".join(VALUE_TARGETS)
+        )
+    if not 0 <= optim.lmbda <= 1:
+        raise ConfigError(f"optim.lmbda={optim.lmbda!r} is out of range: it must be in [0, 1]")
+    if optim.target != "td0" and not sampler.endswith("slice"):
+        raise ConfigError(
+            f"optim.target={optim.target!r} needs a slice sampler (replay.sampler="
+            f"prioritized_slice or slice): replay.sampler={sampler!r} samples single steps"
+        )
 
 
 def check_batch_split(collector: CollectorConfig, num_envs: int) -> None:

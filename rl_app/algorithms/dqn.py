@@ -16,7 +16,7 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate
 
-from rl_app.algorithms.base import PRIORITY_KEY, Algorithm, loss_function
+from rl_app.algorithms.base import PRIORITY_KEY, Algorithm, loss_function, make_value_estimator
 from rl_app.config import Config, DQNConfig, NetworkConfig
 
 
@@ -61,9 +61,7 @@ class DQN(Algorithm):
         actor, self.exploration = self.policy[0], self.policy[1]
         self.loss = DQNLoss(actor, delay_value=True, double_dqn=True, loss_function="l2")
         self.loss.set_keys(priority=PRIORITY_KEY)
-        # The TD target bootstraps through ("next", "terminated"), never through the
-        # "done" that slice samplers set at slice ends.
-        self.loss.make_value_estimator(gamma=config.optim.gamma)
+        make_value_estimator(self.loss, config.optim)
         self.target_updater = HardUpdate(
             self.loss, value_network_update_interval=config.dqn.target_update_interval
         )
