@@ -126,6 +126,8 @@ class DQNConfig:
     eps_end: float = setting(0.05, "exploration epsilon after annealing")
     eps_annealing_frames: int = setting(10_000, "frames over which epsilon decreases linearly")
     target_update_interval: int = setting(10, "copy the Q-network to its target every N updates")
+    loss: str = setting("l2", "TD loss: l2 | smooth_l1 (Huber)")
+    double: bool = setting(True, "double DQN: the online network picks the next action")
 
 
 @dataclass
@@ -219,6 +221,7 @@ ALGORITHM_ACTIONS = {"sac": "continuous", "dqn": "discrete"}
 COLLECTOR_MODES = ("direct", "sync", "async", "distributed")
 SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
 VALUE_TARGETS = ("td0", "nstep", "td_lambda")
+DQN_LOSSES = ("l2", "smooth_l1")
 LOGGER_BACKENDS = ("none", "csv", "wandb", "tensorboard")
 
 
@@ -435,8 +438,9 @@ def validate(config: Config) -> None:
                 f"sampler it must be a multiple of replay.slice_len={config.replay.slice_len}"
             )
 
-    # Learning targets: the value target (multi-step ones need slices).
+    # Learning targets: the value target (multi-step ones need slices) and DQN's loss.
     check_value_target(config.optim, config.replay.sampler)
+    choose("dqn.loss", config.dqn.loss, DQN_LOSSES)
 
 
 def check_value_target(optim: OptimConfig, sampler: str) -> None:

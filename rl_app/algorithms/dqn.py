@@ -50,7 +50,7 @@ def epsilon_at(dqn: DQNConfig, frames: int) -> float:
 
 
 class DQN(Algorithm):
-    """Double DQN with a hard-copied target network."""
+    """DQN (double by default) with a hard-copied target network."""
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
         self._observation_dim = env.observation_spec["observation"].shape[-1]
@@ -59,7 +59,9 @@ class DQN(Algorithm):
         self._dqn = config.dqn
         self.policy = self.policy_factory()().to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
-        self.loss = DQNLoss(actor, delay_value=True, double_dqn=True, loss_function="l2")
+        self.loss = DQNLoss(
+            actor, delay_value=True, double_dqn=config.dqn.double, loss_function=config.dqn.loss
+        )
         self.loss.set_keys(priority=PRIORITY_KEY)
         make_value_estimator(self.loss, config.optim)
         self.target_updater = HardUpdate(
