@@ -38,22 +38,16 @@ def make_sampler(replay: ReplayConfig) -> Sampler:
         # here: the learner is the buffer's only writer, and it writes through extend.
         "cache_values": True,
     }
-    if replay.sampler == "prioritized_slice" and replay.slice_len == 1:
-        # A one-step slice is a transition; TorchRL 0.14.1's PrioritizedSliceSampler masks
-        # every start when slice_len is 1 (it then raises "non-positive p_sum").
-        return PrioritizedSampler(
-            max_capacity=replay.capacity, alpha=replay.alpha, beta=replay.beta
-        )
+    prioritized = {"max_capacity": replay.capacity, "alpha": replay.alpha, "beta": replay.beta}
+    # A one-step slice is a transition; TorchRL 0.14.1's PrioritizedSliceSampler masks every
+    # start when slice_len is 1 (it then raises "non-positive p_sum").
+    one_step = replay.slice_len == 1
+    if replay.sampler == "prioritized" or (replay.sampler == "prioritized_slice" and one_step):
+        return PrioritizedSampler(**prioritized)
     if replay.sampler == "prioritized_slice":
-        return PrioritizedSliceSampler(
-            max_capacity=replay.capacity, alpha=replay.alpha, beta=replay.beta, **slices
-        )
+        return PrioritizedSliceSampler(**prioritized, **slices)
     if replay.sampler == "slice":
         return SliceSampler(**slices)
-    if replay.sampler == "prioritized":
-        return PrioritizedSampler(
-            max_capacity=replay.capacity, alpha=replay.alpha, beta=replay.beta
-        )
     return RandomSampler()
 
 
@@ -92,9 +86,8 @@ def sample_batch(buffer: TensorDictReplayBuffer, replay: ReplayConfig) -> Tensor
 def slice_priorities(step_priorities: torch.Tensor) -> torch.Tensor:
     """The priority of each slice (row) from its steps' priorities (columns):
     ``eta * max + (1 - eta) * mean`` with ``eta = SLICE_PRIORITY_ETA``, as in R2D2."""
-    return SLICE_PRIORITY_ETA * step_priorities.amax(dim=1) + (
-        1 - SLICE_PRIORITY_ETA
-    ) * step_priorities.mean(dim=1)
+    largest, mean = step_priorities.amax(dim=1), step_priorities.mean(dim=1)
+    return SLICE_PRIORITY_ETA * largest + (1 - SLICE_PRIORITY_ETA) * mean
 
 
 def write_priorities(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> int:
