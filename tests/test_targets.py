@@ -226,3 +226,32 @@ def test_a_multi_step_target_without_slices_is_a_config_error(
 ) -> None:
     with pytest.raises(ConfigError, match=rf"optim\.target='{target}' needs a slice sampler"):
         tiny_config(f"optim.target={target}", f"replay.sampler={sampler}")
+
+
+@pytest.mark.parametrize("preset", ["default", "dqn_cartpole"])
+def test_importance_weights_scale_the_loss_per_slice(
+    preset: str, tiny_config, tmp_path: Path
+) -> None:
+    config = tiny_config("optim.target=td_lambda", preset=preset)
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
+    buffer.extend(random_play(config.env.name, 1_000))
+    batch = sample_batch(buffer, config.replay)
+    # The sampler gives every step of a slice its slice's weight.
+    weights = batch["priority_weight"]
+    assert weights.shape == batch.shape and (weights == weights[:, :1]).all()
+
+    def losses(sample: TensorDict) -> TensorDict:
+        torch.manual_seed(0)  # same actor samples for every variant
+        with torch.no_grad():
+            return algorithm.loss(sample.clone())
+
+    only_first = batch.clone()
+    only_first["priority_weight"] = torch.zeros(batch.shape)
+    only_first["priority_weight"][0] = 3.0
+    first_slice_alone = batch[:1].clone()
+    first_slice_alone["priority_weight"] = torch.ones(1, batch.shape[1])
+    key = "loss" if preset == "dqn_cartpole" else "loss_qvalue"
+    assert not torch.allclose(losses(only_first)[key], losses(batch)[key], rtol=1e-4)
+    if preset == "dqn_cartpole":  # deterministic: the weighted loss is the slice's own loss
+        assert torch.allclose(losses(only_first)[key], losses(first_slice_alone)[key], rtol=1e-4)
