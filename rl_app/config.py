@@ -125,6 +125,13 @@ class OptimConfig:
     batch_size: int = setting(256, "transitions per gradient update", at_least=1)
     utd_ratio: float = setting(1.0, "gradient updates per collected frame", above=0)
     gamma: float = setting(0.99, "discount factor", at_least=0, at_most=1)
+    target: str = setting(
+        "td0",
+        "value target: td0 | nstep (rewards to the slice end, then bootstrap) | td_lambda "
+        "(TD(lambda) over each slice); multi-step targets need a slice sampler",
+        choices=("td0", "nstep", "td_lambda"),
+    )
+    lmbda: float = setting(0.9, "lambda of optim.target=td_lambda", at_least=0, at_most=1)
     compile: bool = setting(
         False,
         "torch.compile the loss: faster updates after a one-time compile (cached on disk)",
@@ -152,6 +159,8 @@ class DQNConfig:
     target_update_interval: int = setting(
         10, "copy the Q-network to its target every N updates", at_least=1
     )
+    loss: str = setting("l2", "TD loss: l2 | smooth_l1 (Huber)", choices=("l2", "smooth_l1"))
+    double: bool = setting(True, "double DQN: the online network picks the next action")
 
 
 @dataclass
@@ -548,6 +557,7 @@ def validate(config: Config) -> None:
             f"it must be at least collector.frames_per_batch={config.collector.frames_per_batch}"
         )
     check_batch_split(config.collector, config.env.num_envs)
+    check_value_target(config.optim, config.replay.sampler)
     if config.optim.batch_size > config.replay.capacity:
         raise ConfigError(
             f"optim.batch_size={config.optim.batch_size} is out of range: "
@@ -644,6 +654,15 @@ def check_device(key: str, device: str, allow_auto: bool) -> None:
         raise ConfigError(
             f"{key}={device!r} is not available: this machine has {count} CUDA GPU(s), "
             f"cuda:0 to cuda:{count - 1}"
+        )
+
+
+def check_value_target(optim: OptimConfig, sampler: str) -> None:
+    """Multi-step targets run along the time dimension of sampled slices."""
+    if optim.target != "td0" and not sampler.endswith("slice"):
+        raise ConfigError(
+            f"optim.target={optim.target!r} needs a slice sampler (replay.sampler="
+            f"prioritized_slice or slice): replay.sampler={sampler!r} samples single steps"
         )
 
 

@@ -50,7 +50,7 @@ from rl_app.envs import make_env
 from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
-from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, write_priorities
+from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batch, write_priorities
 from rl_app.runlock import run_dir_lock
 from rl_app.video import record_evaluation_video
 
@@ -304,7 +304,7 @@ def run_iterations(run: Run) -> TrainResult:
             if progress.frames >= config.collector.init_random_frames:
                 for _ in range(updates_per_iteration):
                     with phases("sampling"):
-                        sample = buffer.sample().to(run.devices.learner)
+                        sample = sample_batch(buffer, config.replay).to(run.devices.learner)
                     with phases("updating"):
                         update_metrics.append(algorithm.update(sample))
                     with phases("writing priorities"):

@@ -24,6 +24,8 @@ from rl_app.config import ReplayConfig
 TRAJECTORY_KEY = ("collector", "traj_ids")
 # Where an algorithm's update writes one new priority per sampled transition.
 PRIORITY_KEY = "td_error"
+# R2D2's mix of a slice's largest and mean step priority (Kapturowski et al., 2019).
+SLICE_PRIORITY_ETA = 0.9
 
 
 def make_sampler(replay: ReplayConfig) -> Sampler:
@@ -37,16 +39,16 @@ def make_sampler(replay: ReplayConfig) -> Sampler:
         # here: the learner is the buffer's only writer, and it writes through extend.
         "cache_values": True,
     }
+    prioritized = {"max_capacity": replay.capacity, "alpha": replay.alpha, "beta": replay.beta}
+    # A one-step slice is a transition; TorchRL 0.14.1's PrioritizedSliceSampler masks every
+    # start when slice_len is 1 (it then raises "non-positive p_sum").
+    one_step = replay.slice_len == 1
+    if replay.sampler == "prioritized" or (replay.sampler == "prioritized_slice" and one_step):
+        return PrioritizedSampler(**prioritized)
     if replay.sampler == "prioritized_slice":
-        return PrioritizedSliceSampler(
-            max_capacity=replay.capacity, alpha=replay.alpha, beta=replay.beta, **slices
-        )
+        return PrioritizedSliceSampler(**prioritized, **slices)
     if replay.sampler == "slice":
         return SliceSampler(**slices)
-    if replay.sampler == "prioritized":
-        return PrioritizedSampler(
-            max_capacity=replay.capacity, alpha=replay.alpha, beta=replay.beta
-        )
     return RandomSampler()
 
 
@@ -70,15 +72,50 @@ def make_replay_buffer(
     )
 
 
+def sample_batch(buffer: TensorDictReplayBuffer, replay: ReplayConfig) -> TensorDictBase:
+    """One batch for an update: ``[slices, slice_len]`` steps (time last) from a slice
+    sampler, ``[batch_size]`` transitions from the others.
+
+    A slice sampler returns its slices one after the other, each in time order, so the
+    flat sample reshapes into one slice per row."""
+    sample = buffer.sample()
+    if replay.sampler.endswith("slice"):
+        return sample.reshape(-1, replay.slice_len)
+    return sample
+
+
+def slice_priorities(step_priorities: torch.Tensor) -> torch.Tensor:
+    """The priority of each slice (row) from its steps' priorities (columns):
+    ``eta * max + (1 - eta) * mean`` with ``eta = SLICE_PRIORITY_ETA``, as in R2D2."""
+    largest, mean = step_priorities.amax(dim=1), step_priorities.mean(dim=1)
+    return SLICE_PRIORITY_ETA * largest + (1 - SLICE_PRIORITY_ETA) * mean
+
+
 def write_priorities(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> int:
     """Write the priorities an update computed for ``sample`` (under ``PRIORITY_KEY``) into
-    the buffer, for the records still there; return how many were dropped.
+    the buffer, for the slices still there; return how many slices were dropped.
 
-    A record overwritten since it was sampled (the ring buffer wrapped, or a worker's data
-    landed in between) keeps its own priority: its slot's generation no longer matches the
-    one the sample captured. Samplers without priorities ignore the write."""
-    index = sample["index"].reshape(len(sample), -1)[:, 0]
-    generation = sample["index_generation"].reshape(len(sample), -1)[:, 0]
-    live = buffer.writer.generations_of(index) == generation
-    buffer.update_tensordict_priority(sample[live])
+    A flat sample counts as slices of one step. Priorities are stored per step index, and
+    a prioritized slice sampler draws a slice *start* with probability proportional to the
+    start index's priority (raised to ``alpha``). So every step of a slice takes its own
+    TD error, then the slice's start takes :func:`slice_priorities` of them: that decides
+    how often this slice is drawn again (a start that is also an inner step of another
+    slice in the batch takes the slice priority).
+
+    A slice overwritten, even in part, since it was sampled (the ring buffer wrapped, or a
+    worker's data landed in between) keeps its own priorities: a slot's generation no
+    longer matches the one the sample captured. Samplers without priorities take none."""
+    steps = sample if sample.ndim == 2 else sample.unsqueeze(-1)
+    index = steps["index"].reshape(steps.shape)
+    generation = steps["index_generation"].reshape(steps.shape)
+    current = buffer.writer.generations_of(index.reshape(-1)).reshape(index.shape)
+    live = (current == generation).all(dim=1)
+    if isinstance(buffer.sampler, PrioritizedSampler) and live.any():
+        priority = steps[PRIORITY_KEY].reshape(steps.shape)[live]
+        index = index[live]
+        # Starts last: where an index appears twice, the last write wins.
+        buffer.update_priority(
+            torch.cat([index.reshape(-1), index[:, 0]]),
+            torch.cat([priority.reshape(-1), slice_priorities(priority)]),
+        )
     return int((~live).sum())

@@ -19,3 +19,12 @@ def test_default_sac_solves_pendulum_within_20k_frames(tmp_path: Path) -> None:
     assert result.best_eval_reward >= -200, result
     # A random policy scores about -1200; the final policy must still be a learned one.
     assert result.last_eval_reward >= -400, result
+
+
+@pytest.mark.slow
+def test_dqn_preset_holds_cartpole_at_the_end(tmp_path: Path) -> None:
+    config = load_config("dqn_cartpole", [f"run_dir={tmp_path / 'run'}", "logger.backend=none"])
+    assert config.collector.total_frames <= 50_000 and config.eval.episodes == 10
+    result = train(config)
+    # The final policy, not the best one seen: DQN must hold what it learned.
+    assert result.last_eval_reward >= 475, result

@@ -14,7 +14,13 @@ from torchrl.envs.utils import RandomPolicy
 from rl_app.algorithms import make_algorithm
 from rl_app.config import EnvConfig, ReplayConfig
 from rl_app.envs import make_env
-from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY, make_replay_buffer
+from rl_app.replay import (
+    PRIORITY_KEY,
+    TRAJECTORY_KEY,
+    make_replay_buffer,
+    sample_batch,
+    write_priorities,
+)
 
 SLICE_LEN = 4
 NUM_SLICES = 16
@@ -91,21 +97,28 @@ def test_each_sampler_trains_one_step_and_takes_priorities(
     algorithm = make_algorithm(config, env, torch.device("cpu"))
     buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 600))
-    sample = buffer.sample()
+    sample = sample_batch(buffer, config.replay)
     algorithm.update(sample)
-    assert sample[PRIORITY_KEY].shape == (config.optim.batch_size,)
-    buffer.update_tensordict_priority(sample)  # raises if the sampler rejects priorities
+    slices = config.optim.batch_size // config.replay.slice_len
+    steps = (slices, config.replay.slice_len) if sampler.endswith("slice") else (64,)
+    assert sample[PRIORITY_KEY].shape == steps
+    assert write_priorities(buffer, sample) == 0  # raises if the sampler rejects priorities
 
 
-def test_bootstrapping_uses_terminated_not_the_slice_end_done(tmp_path: Path, tiny_config) -> None:
-    config = tiny_config()
+@pytest.mark.parametrize("target", ["td0", "nstep", "td_lambda"])
+def test_bootstrapping_uses_terminated_not_the_slice_end_done(
+    target: str, tmp_path: Path, tiny_config
+) -> None:
+    config = tiny_config(f"optim.target={target}")
     env = make_env(config.env, config.seed)
     algorithm = make_algorithm(config, env, torch.device("cpu"))
     buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 600))
-    sample = buffer.sample()
-    # The slice sampler marks every slice end done; Pendulum never terminates.
-    assert sample["next", "done"].sum() >= config.optim.batch_size // config.replay.slice_len
+    sample = sample_batch(buffer, config.replay)
+    # The slice sampler marks every slice end done, and time limits end slices too;
+    # Pendulum never terminates. A done that is not a termination cuts a multi-step chain
+    # and bootstraps, as the last step of a slice always does.
+    assert sample["next", "done"][:, -1].all()
     assert not sample["next", "terminated"].any()
 
     def td_error(batch: TensorDict) -> torch.Tensor:

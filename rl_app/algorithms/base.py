@@ -16,7 +16,18 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.objectives import LossModule
+from torchrl.objectives import LossModule, ValueEstimators
+
+from rl_app.config import OptimConfig
+
+# optim.target -> TorchRL's estimator. Over a [slices, slice_len] batch TD1 sums the
+# discounted rewards up to the slice end and bootstraps there: an n-step return with n the
+# steps left in the slice.
+VALUE_ESTIMATORS = {
+    "td0": ValueEstimators.TD0,
+    "nstep": ValueEstimators.TD1,
+    "td_lambda": ValueEstimators.TDLambda,
+}
 
 
 class Algorithm(abc.ABC):
@@ -41,10 +52,11 @@ class Algorithm(abc.ABC):
 
     @abc.abstractmethod
     def update(self, batch: TensorDictBase) -> TensorDictBase:
-        """One gradient step on a sampled batch.
+        """One gradient step on a sampled batch: ``[batch_size]`` transitions, or
+        ``[slices, slice_len]`` steps (time last, in time order) from a slice sampler.
 
-        Writes ``batch[PRIORITY_KEY]`` (:mod:`rl_app.replay`: one new priority per
-        transition) and returns the detached scalar metrics of the step (losses, ...)."""
+        Writes ``batch[PRIORITY_KEY]`` (:mod:`rl_app.replay`: one new priority per step)
+        and returns the detached scalar metrics of the step (losses, temperature, ...)."""
 
     def after_collect(self, new_frames: int) -> None:
         """Advance exploration schedules by ``new_frames`` just-collected frames (none by
@@ -55,6 +67,18 @@ class Algorithm(abc.ABC):
     def checkpoint_components(self) -> dict[str, Any]:
         """Everything of the algorithm a resume needs (networks, target networks,
         optimizer, exploration state), each object offering ``state_dict``."""
+
+
+def make_value_estimator(loss: LossModule, optim: OptimConfig) -> None:
+    """Give ``loss`` the value target ``optim.target`` names.
+
+    Every estimator bootstraps through ``("next", "terminated")`` only: a ``done`` without
+    termination (a time limit, or the end of a sampled slice) cuts a multi-step chain and
+    bootstraps from the next state's value; it never ends the return."""
+    hyperparams = {"gamma": optim.gamma}
+    if optim.target == "td_lambda":
+        hyperparams["lmbda"] = optim.lmbda
+    loss.make_value_estimator(VALUE_ESTIMATORS[optim.target], **hyperparams)
 
 
 def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase], TensorDictBase]:

@@ -16,7 +16,7 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate
 
-from rl_app.algorithms.base import Algorithm, loss_function
+from rl_app.algorithms.base import Algorithm, loss_function, make_value_estimator
 from rl_app.config import Config, DQNConfig, NetworkConfig
 from rl_app.replay import PRIORITY_KEY
 
@@ -51,7 +51,7 @@ def make_policy(
 
 
 class DQN(Algorithm):
-    """Double DQN with a hard-copied target network."""
+    """DQN (double by default) with a hard-copied target network."""
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
         self._observation_dim = env.observation_spec["observation"].shape[-1]
@@ -62,11 +62,11 @@ class DQN(Algorithm):
             config.network, config.dqn, self._observation_dim, self._action_spec
         ).to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
-        self.loss = DQNLoss(actor, delay_value=True, double_dqn=True, loss_function="l2")
+        self.loss = DQNLoss(
+            actor, delay_value=True, double_dqn=config.dqn.double, loss_function=config.dqn.loss
+        )
         self.loss.set_keys(priority=PRIORITY_KEY)
-        # The TD target bootstraps through ("next", "terminated"), never through the
-        # "done" that slice samplers set at slice ends.
-        self.loss.make_value_estimator(gamma=config.optim.gamma)
+        make_value_estimator(self.loss, config.optim)
         self.target_updater = HardUpdate(
             self.loss, value_network_update_interval=config.dqn.target_update_interval
         )

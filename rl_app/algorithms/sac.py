@@ -15,7 +15,7 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
 from torchrl.objectives import SACLoss, SoftUpdate
 
-from rl_app.algorithms.base import Algorithm, loss_function
+from rl_app.algorithms.base import Algorithm, loss_function, make_value_estimator
 from rl_app.config import Config, NetworkConfig
 from rl_app.replay import PRIORITY_KEY
 
@@ -81,9 +81,7 @@ class SAC(Algorithm):
             action_spec=self._action_spec.to(device),
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
-        # The value target bootstraps through ("next", "terminated"), never through the
-        # "done" that slice samplers set at slice ends.
-        self.loss.make_value_estimator(gamma=config.optim.gamma)
+        make_value_estimator(self.loss, config.optim)
         self.target_updater = SoftUpdate(self.loss, tau=config.sac.tau)
         # One optimizer over actor, critics and temperature: each loss term only reaches
         # its own parameters (SACLoss detaches the others), so the summed loss is exact.
