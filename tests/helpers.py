@@ -14,8 +14,12 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict
+from torchrl.collectors import Collector
+from torchrl.envs.utils import RandomPolicy
 
 from rl_app.collection import WeightSync
+from rl_app.config import EnvConfig
+from rl_app.envs import make_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_PY = ROOT / "train.py"
@@ -145,3 +149,14 @@ def hold_lock_in_another_process(run_dir: Path, seconds: float) -> subprocess.Po
     )
     assert holder.stdout.readline().strip() == "held"
     return holder
+
+
+def random_play(env_name: str, frames: int) -> TensorDict:
+    """Real transitions of a random policy, with the collector's trajectory ids."""
+    env = make_env(EnvConfig(name=env_name), seed=0)
+    collector = Collector(
+        env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
+    )
+    batch = next(iter(collector))
+    collector.shutdown()
+    return batch

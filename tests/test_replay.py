@@ -8,11 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.collectors import Collector
-from torchrl.envs.utils import RandomPolicy
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import EnvConfig, ReplayConfig
+from rl_app.config import ReplayConfig
 from rl_app.envs import make_env
 from rl_app.replay import (
     PRIORITY_KEY,
@@ -21,20 +19,10 @@ from rl_app.replay import (
     sample_batch,
     write_priorities,
 )
+from tests.helpers import random_play
 
 SLICE_LEN = 4
 NUM_SLICES = 16
-
-
-def random_play(env_name: str, frames: int) -> TensorDict:
-    """Real transitions of a random policy, with the collector's trajectory ids."""
-    env = make_env(EnvConfig(name=env_name), seed=0)
-    collector = Collector(
-        env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
-    )
-    batch = next(iter(collector))
-    collector.shutdown()
-    return batch
 
 
 @pytest.fixture(scope="module")

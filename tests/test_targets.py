@@ -21,7 +21,7 @@ from rl_app.replay import (
     sample_batch,
     write_priorities,
 )
-from tests.test_replay import random_play
+from tests.helpers import random_play
 
 TARGETS = ["td0", "nstep", "td_lambda"]
 
@@ -42,15 +42,20 @@ def dqn_with_buffer(tiny_config, tmp_path: Path, *overrides: str):
     return config, algorithm, buffer
 
 
-@pytest.mark.parametrize("preset", ["default", "dqn_cartpole"])
-def test_a_slice_batch_reaches_the_loss_one_trajectory_per_row_in_time_order(
-    preset: str, tiny_config, tmp_path: Path
-) -> None:
+def sampled_slices(tiny_config, preset: str, tmp_path: Path):
+    """A preset's algorithm with TD(lambda) targets, and slices sampled from random play."""
     config = tiny_config("optim.target=td_lambda", preset=preset)
     algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
     buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 1_000))
-    batch = sample_batch(buffer, config.replay)
+    return config, algorithm, sample_batch(buffer, config.replay)
+
+
+@pytest.mark.parametrize("preset", ["default", "dqn_cartpole"])
+def test_a_slice_batch_reaches_the_loss_one_trajectory_per_row_in_time_order(
+    preset: str, tiny_config, tmp_path: Path
+) -> None:
+    config, algorithm, batch = sampled_slices(tiny_config, preset, tmp_path)
     slices = config.optim.batch_size // config.replay.slice_len
     assert batch.shape == (slices, config.replay.slice_len)
     assert (batch[TRAJECTORY_KEY] == batch[TRAJECTORY_KEY][:, :1]).all()
@@ -233,11 +238,7 @@ def test_a_multi_step_target_without_slices_is_a_config_error(
 def test_importance_weights_scale_the_loss_per_slice(
     preset: str, tiny_config, tmp_path: Path
 ) -> None:
-    config = tiny_config("optim.target=td_lambda", preset=preset)
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
-    buffer.extend(random_play(config.env.name, 1_000))
-    batch = sample_batch(buffer, config.replay)
+    _, algorithm, batch = sampled_slices(tiny_config, preset, tmp_path)
     # The sampler gives every step of a slice its slice's weight.
     weights = batch["priority_weight"]
     assert weights.shape == batch.shape and (weights == weights[:, :1]).all()
