@@ -51,7 +51,7 @@ from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
 from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batch, write_priorities
-from rl_app.runlock import run_dir_lock
+from rl_app.runlock import RunDirUnwritable, run_dir_lock
 from rl_app.video import record_evaluation_video
 
 log = logging.getLogger("rl_app")
@@ -229,8 +229,11 @@ def train(config: Config, lock_wait_s: float = 0.0) -> TrainResult:
     (:mod:`rl_app.runlock`); :class:`~rl_app.runlock.RunDirBusy` if another process holds
     it for longer than ``lock_wait_s``."""
     run_dir = Path(config.run_dir)
-    with run_dir_lock(run_dir, lock_wait_s):
-        return train_locked(config, run_dir)
+    try:
+        with run_dir_lock(run_dir, lock_wait_s):
+            return train_locked(config, run_dir)
+    except RunDirUnwritable as error:
+        raise RunFailed(f"run_dir {run_dir} is not writable: {error}") from None
 
 
 def train_locked(config: Config, run_dir: Path) -> TrainResult:

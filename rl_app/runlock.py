@@ -9,6 +9,7 @@ locked for ever. Who holds it (host, pid, since when) is written beside it, in
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -23,6 +24,10 @@ from rl_app.config import ConfigError
 
 LOCK_FILE = ".lock"
 HOLDER_FILE = ".lock.holder"
+
+
+class RunDirUnwritable(Exception):
+    """The run directory (or its lock file) cannot be created or written."""
 
 
 class RunDirBusy(ConfigError):
@@ -49,14 +54,18 @@ def busy_message(run_dir: Path, waited_s: float) -> str:
 
 
 def acquire(run_dir: Path, wait_s: float) -> FileLock:
-    """``run_dir``'s lock, held; :class:`RunDirBusy` if another process keeps it longer
-    than ``wait_s`` seconds, or if the file system cannot lock at all."""
+    """``run_dir``'s lock, held (the directory is created if needed); :class:`RunDirBusy`
+    if another process keeps it longer than ``wait_s`` seconds or the file system cannot
+    lock at all, :class:`RunDirUnwritable` if the directory cannot be written."""
     lock = FileLock(run_dir / LOCK_FILE, mode=0o644, fallback_to_soft=False)
     try:
+        run_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=wait_s)
     except Timeout:
         raise RunDirBusy(busy_message(run_dir, wait_s)) from None
-    except OSError as error:  # ENOSYS: no flock on this file system
+    except OSError as error:
+        if error.errno != errno.ENOSYS:
+            raise RunDirUnwritable(error.strerror) from None
         raise RunDirBusy(
             f"run_dir={str(run_dir)!r} cannot be locked ({error.strerror}): put it on a file "
             "system with flock locks (a local disk, NFSv4, Lustre mounted with -o flock)"
@@ -69,7 +78,6 @@ def run_dir_lock(run_dir: Path, wait_s: float = 0.0) -> Iterator[None]:
     """Hold ``run_dir``'s lock inside the block (creating the directory if needed), waiting
     up to ``wait_s`` for another holder to let go; raise :class:`RunDirBusy` otherwise,
     leaving the directory as it was."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     lock = acquire(run_dir, wait_s)
     try:
         holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}

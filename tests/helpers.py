@@ -160,3 +160,12 @@ def random_play(env_name: str, frames: int) -> TensorDict:
     batch = next(iter(collector))
     collector.shutdown()
     return batch
+
+
+def run_files(run_dir: Path) -> dict[str, tuple[int, int]]:
+    """Size and mtime of every file a run writes (its lock files aside)."""
+    return {
+        str(path.relative_to(run_dir)): (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in run_dir.rglob("*")
+        if path.is_file() and not path.name.startswith(".lock")
+    }

@@ -19,7 +19,7 @@ from rl_app.config import ConfigError, load_config
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, build_run, run_iterations, train
 from tests import faulty_envs
-from tests.helpers import PYTHON, TINY_RUN, TRAIN_PY
+from tests.helpers import PYTHON, TINY_RUN, TRAIN_PY, run_files
 
 
 def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -277,7 +277,7 @@ def test_no_good_checkpoint_exits_with_an_error_and_touches_nothing(
     shutil.copytree(saved_run, run_dir)
     for checkpoint in (run_dir / "checkpoints").glob("checkpoint-*"):
         damage(checkpoint / "manifest.json", "truncate")
-    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    before = run_files(run_dir)
     with pytest.raises(CorruptCheckpoint):
         choose_checkpoint(run_dir / "checkpoints")
     result = subprocess.run(
@@ -286,7 +286,7 @@ def test_no_good_checkpoint_exits_with_an_error_and_touches_nothing(
     assert result.returncode == 1
     assert "cannot resume: no usable checkpoint" in result.stderr
     assert "Traceback" not in result.stderr
-    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+    assert run_files(run_dir) == before
 
 
 # -- faults during a run -------------------------------------------------------------------

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from rl_app.runlock import HOLDER_FILE, RunDirBusy, run_dir_lock
-from tests.helpers import PYTHON, ROOT, TINY_RUN, TRAIN_PY, hold_lock_in_another_process, wait_for
+from tests.helpers import (
+    PYTHON,
+    ROOT,
+    TINY_RUN,
+    TRAIN_PY,
+    hold_lock_in_another_process,
+    run_files,
+    wait_for,
+)
 
 LONG_RUN = [*TINY_RUN, "collector.total_frames=1000000"]
 
@@ -23,15 +31,6 @@ def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
         [PYTHON, str(TRAIN_PY), *LONG_RUN, f"run_dir={run_dir}", *overrides],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-
-
-def run_files(run_dir: Path) -> dict[str, tuple[int, int]]:
-    """Size and mtime of every file a run writes (its lock files aside)."""
-    return {
-        str(path.relative_to(run_dir)): (path.stat().st_size, path.stat().st_mtime_ns)
-        for path in run_dir.rglob("*")
-        if path.is_file() and not path.name.startswith(".lock")
-    }
 
 
 def test_a_second_process_is_refused_and_a_third_resumes_after_a_kill(tmp_path: Path) -> None:
