@@ -33,7 +33,7 @@ def test_short_run_writes_config_metrics_curve_and_checkpoints(tiny_config) -> N
     checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     best_frames = 400 * (evals.index(max(evals)) + 1)
     expected = {f"checkpoint-{frames:012d}" for frames in (800, 1200, best_frames)}
-    assert set(checkpoints) == expected  # keep_last=2, plus the best
+    assert set(checkpoints) == {*expected, "best.json"}  # keep_last=2, plus the best
     assert result.best_checkpoint.name == f"checkpoint-{best_frames:012d}"
 
 
