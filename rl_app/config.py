@@ -28,6 +28,8 @@ DEFAULT_PRESET = "default"
 # Inside a run directory:
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS_DIR = "checkpoints"
+LOCK_FILE = ".lock"  # held by the process training in it (rl_app.runlock)
+HOLDER_FILE = ".lock.holder"  # who holds it
 
 
 class ConfigError(ValueError):
@@ -484,7 +486,11 @@ def check_run_dir(run_dir: Path) -> None:
     """A run directory is new, empty, or a run (resumed, or restarted if it never saved)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run_dir={str(run_dir)!r} is a file: give a directory")
-    if run_dir.is_dir() and any(run_dir.iterdir()) and not (run_dir / CONFIG_FILE).exists():
+    if not run_dir.is_dir():
+        return
+    # Lock files alone are left by a run killed before it wrote its config.
+    others = [p for p in run_dir.iterdir() if p.name not in (LOCK_FILE, HOLDER_FILE)]
+    if others and not (run_dir / CONFIG_FILE).exists():
         raise ConfigError(
             f"run_dir={str(run_dir)!r} holds other files and is not a run directory: "
             "give a new or empty directory, or an earlier run's directory to resume it"

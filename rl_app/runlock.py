@@ -20,10 +20,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from rl_app.config import ConfigError
-
-LOCK_FILE = ".lock"
-HOLDER_FILE = ".lock.holder"
+from rl_app.config import HOLDER_FILE, LOCK_FILE, ConfigError
 
 
 class RunDirUnwritable(Exception):
