@@ -317,11 +317,9 @@ def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None
     run_dir = given.get("run_dir")
     try:
         if run_dir is not None and holds_checkpoint(Path(run_dir)):
-            saved = conform(read_yaml(Path(run_dir) / CONFIG_FILE), Config, "")
-            config = OmegaConf.to_object(
-                OmegaConf.merge(OmegaConf.structured(Config), saved, given)
-            )
-            refuse_experiment_changes(OmegaConf.to_object(OmegaConf.merge(Config, saved)), config)
+            saved = read_run_config(Path(run_dir))
+            config = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(saved), given))
+            refuse_experiment_changes(saved, config)
         else:
             preset_path = preset_file(preset)
             layers = [OmegaConf.structured(Config), conform(read_yaml(preset_path), Config, ""),
@@ -468,8 +466,8 @@ def as_number(value: Any) -> float | int | None:
 
 def read_run_config(run_dir: Path) -> Config:
     """The config a run saved in its directory (reads only; values were validated then)."""
+    saved = conform(read_yaml(run_dir / CONFIG_FILE), Config, "")
     try:
-        saved = OmegaConf.load(run_dir / CONFIG_FILE)
         return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), saved))
     except OmegaConfBaseException as error:
         raise ConfigError(f"{run_dir / CONFIG_FILE}: {describe_omegaconf_error(error)}") from None
