@@ -50,7 +50,7 @@ from rl_app.envs import make_env
 from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
-from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batch, write_priorities
+from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batches, write_priorities
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
 from rl_app.video import record_evaluation_video
 
@@ -194,9 +194,7 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     spec_env = make_env(config.env, config.seed)
     algorithm = make_algorithm(config, spec_env, devices.learner)
     spec_env.close()
-    buffer = make_replay_buffer(
-        config.replay, config.optim.batch_size, run_dir / REPLAY_DIR, config.seed
-    )
+    buffer = make_replay_buffer(config.replay, run_dir / REPLAY_DIR, config.seed)
     collector = make_collector(config, algorithm, devices)
     progress = Progress()
     logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
@@ -305,13 +303,19 @@ def run_iterations(run: Run) -> TrainResult:
 
             update_metrics = []
             if progress.frames >= config.collector.init_random_frames:
-                for _ in range(updates_per_iteration):
-                    with phases("sampling"):
-                        sample = sample_batch(buffer, config.replay).to(run.devices.learner)
+                with phases("sampling"):
+                    samples = sample_batches(
+                        buffer,
+                        config.replay,
+                        config.optim.batch_size,
+                        updates_per_iteration,
+                        run.devices.learner,
+                    )
+                for sample in samples:
                     with phases("updating"):
                         update_metrics.append(algorithm.update(sample))
-                    with phases("writing priorities"):
-                        write_priorities(buffer, sample)
+                with phases("writing priorities"):
+                    write_priorities(buffer, torch.cat(samples))
                 progress.updates += updates_per_iteration
             with phases("checking metrics"):
                 metrics = iteration_metrics(

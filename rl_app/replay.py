@@ -9,6 +9,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data import (
     LazyMemmapStorage,
+    LazyTensorStorage,
     PrioritizedSampler,
     PrioritizedSliceSampler,
     RandomSampler,
@@ -53,35 +54,49 @@ def make_sampler(replay: ReplayConfig) -> Sampler:
 
 
 def make_replay_buffer(
-    replay: ReplayConfig, batch_size: int, scratch_dir: Path, seed: int
+    replay: ReplayConfig, scratch_dir: Path, seed: int
 ) -> TensorDictReplayBuffer:
-    """A buffer of ``replay.capacity`` transitions memory-mapped under ``scratch_dir``.
+    """A buffer of ``replay.capacity`` transitions memory-mapped under ``scratch_dir``, or
+    held in GPU memory when ``replay.device`` is a GPU (a memory map lives on the host).
 
     The buffer draws from its own seeded generator, so sampling is reproducible and its
     state travels with the buffer's checkpoint."""
     generator = torch.Generator()
     generator.manual_seed(seed)
+    if replay.device.startswith("cuda"):
+        storage = LazyTensorStorage(replay.capacity, device=replay.device)
+    else:
+        storage = LazyMemmapStorage(replay.capacity, scratch_dir=scratch_dir)
     return TensorDictReplayBuffer(
-        storage=LazyMemmapStorage(replay.capacity, scratch_dir=scratch_dir, device=replay.device),
+        storage=storage,
         sampler=make_sampler(replay),
         # Each slot counts its overwrites, so late priorities can be told from fresh ones.
         writer=TensorDictRoundRobinWriter(track_generations=True),
         priority_key=PRIORITY_KEY,
-        batch_size=batch_size,
         generator=generator,
     )
 
 
-def sample_batch(buffer: TensorDictReplayBuffer, replay: ReplayConfig) -> TensorDictBase:
-    """One batch for an update: ``[slices, slice_len]`` steps (time last) from a slice
+def sample_batches(
+    buffer: TensorDictReplayBuffer,
+    replay: ReplayConfig,
+    batch_size: int,
+    count: int,
+    device: torch.device | str = "cpu",
+) -> list[TensorDictBase]:
+    """``count`` batches of ``batch_size`` for as many updates, drawn in one sampler call
+    and moved to ``device`` at once: ``[slices, slice_len]`` steps (time last) from a slice
     sampler, ``[batch_size]`` transitions from the others.
 
-    A slice sampler returns its slices one after the other, each in time order, so the
-    flat sample reshapes into one slice per row."""
-    sample = buffer.sample()
+    One call instead of ``count`` spares the sampler's fixed cost per call. Drawn together,
+    the batches all see the priorities as they stood before the first of their updates
+    (:func:`write_priorities` then writes the new ones together). A slice sampler returns
+    its slices one after the other, each in time order, so the flat sample reshapes into
+    one slice per row."""
+    sample = buffer.sample(count * batch_size).to(device)
     if replay.sampler.endswith("slice"):
-        return sample.reshape(-1, replay.slice_len)
-    return sample
+        return list(sample.reshape(count, -1, replay.slice_len).unbind(0))
+    return list(sample.reshape(count, -1).unbind(0))
 
 
 def slice_priorities(step_priorities: torch.Tensor) -> torch.Tensor:

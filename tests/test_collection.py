@@ -116,7 +116,7 @@ def test_slices_from_two_workers_never_mix_trajectories(tiny_config, tmp_path: P
     config = tiny_config("collector.mode=sync", *MP_RUN)
     algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
     collector = make_collector(config, algorithm, decide_devices(config))
-    buffer = make_replay_buffer(ReplayConfig(capacity=5_000, slice_len=8), 256, tmp_path, seed=0)
+    buffer = make_replay_buffer(ReplayConfig(capacity=5_000, slice_len=8), tmp_path, seed=0)
     try:
         WeightSync(collector, algorithm, config.env.name)
         for index, batch in enumerate(collector):
@@ -130,14 +130,14 @@ def test_slices_from_two_workers_never_mix_trajectories(tiny_config, tmp_path: P
     per_worker = stored.view(30, 2, 65)[:, :, 0][TRAJECTORY_KEY]
     assert not set(per_worker[:, 0].tolist()) & set(per_worker[:, 1].tolist())  # ids are unique
     for _ in range(100):
-        slices = buffer.sample().reshape(32, 8)
+        slices = buffer.sample(256).reshape(32, 8)
         assert (slices[TRAJECTORY_KEY] == slices[TRAJECTORY_KEY][:, :1]).all()
         assert (slices["step_count"].squeeze(-1).diff(dim=1) == 1).all()
 
 
 def test_priorities_for_overwritten_records_are_dropped(tmp_path: Path) -> None:
     buffer = make_replay_buffer(
-        ReplayConfig(capacity=400, slice_len=8, alpha=1.0), 64, tmp_path, seed=0
+        ReplayConfig(capacity=400, slice_len=8, alpha=1.0), tmp_path, seed=0
     )
     play = TensorDict(
         {
@@ -148,7 +148,7 @@ def test_priorities_for_overwritten_records_are_dropped(tmp_path: Path) -> None:
         [600],
     )
     buffer.extend(play[:400])
-    sample = buffer.sample()
+    sample = buffer.sample(64)
     buffer.extend(play[400:600])  # wraps: slots 0-199 now hold new records
     sample[PRIORITY_KEY] = torch.full((64,), 1_000.0)
     dropped = write_priorities(buffer, sample)

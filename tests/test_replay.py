@@ -16,7 +16,7 @@ from rl_app.replay import (
     PRIORITY_KEY,
     TRAJECTORY_KEY,
     make_replay_buffer,
-    sample_batch,
+    sample_batches,
     write_priorities,
 )
 from tests.helpers import random_play
@@ -33,7 +33,7 @@ def cartpole_play() -> TensorDict:
 
 def filled_buffer(play: TensorDict, sampler: str, directory: Path):
     replay = ReplayConfig(capacity=4_096, sampler=sampler, slice_len=SLICE_LEN, alpha=1.0)
-    buffer = make_replay_buffer(replay, SLICE_LEN * NUM_SLICES, directory, seed=0)
+    buffer = make_replay_buffer(replay, directory, seed=0)
     buffer.extend(play)
     return buffer
 
@@ -44,7 +44,7 @@ def test_slices_are_contiguous_and_never_cross_a_trajectory(
 ) -> None:
     buffer = filled_buffer(cartpole_play, sampler, tmp_path)
     for _ in range(50):
-        slices = buffer.sample().reshape(NUM_SLICES, SLICE_LEN)
+        slices = buffer.sample(SLICE_LEN * NUM_SLICES).reshape(NUM_SLICES, SLICE_LEN)
         traj_ids = slices[TRAJECTORY_KEY]
         assert (traj_ids == traj_ids[:, :1]).all(), "a slice mixes trajectories"
         steps = slices["step_count"].squeeze(-1)
@@ -63,7 +63,8 @@ def test_raising_a_trajectory_priority_makes_it_sampled_more(
 
     def share_of_favourite(draws: int = 200) -> float:
         hits = sum(
-            (buffer.sample()[TRAJECTORY_KEY] == favourite).float().mean() for _ in range(draws)
+            (buffer.sample(SLICE_LEN * NUM_SLICES)[TRAJECTORY_KEY] == favourite).float().mean()
+            for _ in range(draws)
         )
         return float(hits) / draws
 
@@ -83,9 +84,9 @@ def test_each_sampler_trains_one_step_and_takes_priorities(
     config = tiny_config(f"replay.sampler={sampler}")
     env = make_env(config.env, config.seed)
     algorithm = make_algorithm(config, env, torch.device("cpu"))
-    buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
+    buffer = make_replay_buffer(config.replay, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 600))
-    sample = sample_batch(buffer, config.replay)
+    sample = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
     algorithm.update(sample)
     slices = config.optim.batch_size // config.replay.slice_len
     steps = (slices, config.replay.slice_len) if sampler.endswith("slice") else (64,)
@@ -100,9 +101,9 @@ def test_bootstrapping_uses_terminated_not_the_slice_end_done(
     config = tiny_config(f"optim.target={target}")
     env = make_env(config.env, config.seed)
     algorithm = make_algorithm(config, env, torch.device("cpu"))
-    buffer = make_replay_buffer(config.replay, config.optim.batch_size, tmp_path / "replay", 0)
+    buffer = make_replay_buffer(config.replay, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 600))
-    sample = sample_batch(buffer, config.replay)
+    sample = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
     # The slice sampler marks every slice end done, and time limits end slices too;
     # Pendulum never terminates. A done that is not a termination cuts a multi-step chain
     # and bootstraps, as the last step of a slice always does.

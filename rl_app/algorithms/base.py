@@ -10,15 +10,16 @@ if it has its own settings), and one preset in ``configs/``.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase
+from tensordict.nn import CudaGraphModule, TensorDictModuleBase
 from torchrl.objectives import LossModule, ValueEstimators
 
 from rl_app.config import OptimConfig
+from rl_app.replay import PRIORITY_KEY
 
 # optim.target -> TorchRL's estimator. Over a [slices, slice_len] batch TD1 sums the
 # discounted rewards up to the slice end and bootstraps there: an n-step return with n the
@@ -39,6 +40,8 @@ class Algorithm(abc.ABC):
     loss: LossModule
     #: ``loss`` itself or, with ``optim.compile``, its compiled form: what updates call.
     compute_losses: Callable[[TensorDictBase], TensorDictBase]
+    #: :meth:`gradient_step` itself or, with ``optim.cudagraphs``, its CUDA-graph capture.
+    step: Callable[[TensorDictBase], TensorDictBase]
 
     def replay_keys(self) -> list[Any]:
         """What an update reads from a transition (the loss's ``in_keys``): with the
@@ -51,12 +54,27 @@ class Algorithm(abc.ABC):
         collector worker processes. Weights are loaded into the copy separately."""
 
     @abc.abstractmethod
+    def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
+        """Losses, backward pass, optimizer step (and soft target updates) on ``batch``:
+        tensor work only, with no host synchronization, so that a CUDA graph can capture
+        it. Returns the detached losses, and the new priority of each step of ``batch``
+        under ``PRIORITY_KEY`` (:mod:`rl_app.replay`)."""
+
+    def after_update(self, metrics: TensorDictBase) -> None:
+        """What follows a gradient step on the host (counted target copies, metrics of
+        exploration): nothing by default."""
+        return
+
     def update(self, batch: TensorDictBase) -> TensorDictBase:
         """One gradient step on a sampled batch: ``[batch_size]`` transitions, or
         ``[slices, slice_len]`` steps (time last, in time order) from a slice sampler.
 
-        Writes ``batch[PRIORITY_KEY]`` (:mod:`rl_app.replay`: one new priority per step)
-        and returns the detached scalar metrics of the step (losses, temperature, ...)."""
+        Writes ``batch[PRIORITY_KEY]`` (one new priority per step) and returns the
+        detached scalar metrics of the step (losses, temperature, ...)."""
+        metrics = self.step(batch)
+        batch[PRIORITY_KEY] = metrics.pop(PRIORITY_KEY)
+        self.after_update(metrics)
+        return metrics
 
     def after_collect(self, new_frames: int) -> None:
         """Advance exploration schedules by ``new_frames`` just-collected frames (none by
@@ -81,6 +99,14 @@ def make_value_estimator(loss: LossModule, optim: OptimConfig) -> None:
     loss.make_value_estimator(VALUE_ESTIMATORS[optim.target], **hyperparams)
 
 
+def make_adam(parameters: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Adam:
+    """Adam at ``optim.lr``, fused into one kernel per step with ``optim.fused_adam``, and
+    keeping its step counts on the GPU (capturable) when a CUDA graph replays the update."""
+    return torch.optim.Adam(
+        parameters, lr=optim.lr, fused=optim.fused_adam, capturable=optim.cudagraphs
+    )
+
+
 def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase], TensorDictBase]:
     """``loss`` itself, or compiled into one graph for its forward and its backward.
 
@@ -91,3 +117,22 @@ def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase],
     # fallback_random: draw random numbers as eager code does, so that a compiled update
     # takes the same step as an uncompiled one and a run may switch on resume.
     return torch.compile(loss, options={"fallback_random": True})
+
+
+# Eager steps before the capture: the compiled loss compiles there, and the optimizer
+# creates its state, which the graph then updates in place.
+CUDA_GRAPH_WARMUP = 10
+
+
+def capture_step(
+    step: Callable[[TensorDictBase], TensorDictBase], optim: OptimConfig
+) -> Callable[[TensorDictBase], TensorDictBase]:
+    """``step`` itself or, with ``optim.cudagraphs``, recorded once as a CUDA graph that
+    later updates replay with new batches of the same shape, in one launch.
+
+    Without CUDA, tensordict's ``CudaGraphModule`` calls ``step`` unchanged (the
+    configuration refuses ``optim.cudagraphs`` on a machine without CUDA)."""
+    if not optim.cudagraphs:
+        return step
+    # in_keys=[]: the step takes a whole TensorDict and returns one.
+    return CudaGraphModule(step, warmup=CUDA_GRAPH_WARMUP, in_keys=[], out_keys=[])

@@ -16,7 +16,13 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, EGreedyModule, QValueActor
 from torchrl.objectives import DQNLoss, HardUpdate
 
-from rl_app.algorithms.base import Algorithm, loss_function, make_value_estimator
+from rl_app.algorithms.base import (
+    Algorithm,
+    capture_step,
+    loss_function,
+    make_adam,
+    make_value_estimator,
+)
 from rl_app.config import Config, DQNConfig, NetworkConfig
 from rl_app.replay import PRIORITY_KEY
 
@@ -70,22 +76,28 @@ class DQN(Algorithm):
         self.target_updater = HardUpdate(
             self.loss, value_network_update_interval=config.dqn.target_update_interval
         )
-        self.optimizer = torch.optim.Adam(self.loss.parameters(), lr=config.optim.lr)
+        self.optimizer = make_adam(self.loss.parameters(), config.optim)
         self.compute_losses = loss_function(self.loss, config.optim.compile)
+        self.step = capture_step(self.gradient_step, config.optim)
 
     def policy_factory(self) -> Callable[..., TensorDictSequential]:
         return functools.partial(
             make_policy, self._network, self._dqn, self._observation_dim, self._action_spec
         )
 
-    def update(self, batch: TensorDictBase) -> TensorDictBase:
+    def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
         losses = self.compute_losses(batch)
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
+        if self._dqn.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.loss.parameters(), self._dqn.max_grad_norm)
         self.optimizer.step()
+        return losses.detach().set(PRIORITY_KEY, batch[PRIORITY_KEY])
+
+    def after_update(self, metrics: TensorDictBase) -> None:
+        # The target copy counts updates on the host, outside a captured step.
         self.target_updater.step()
-        losses["epsilon"] = self.exploration.eps
-        return losses.detach()
+        metrics["epsilon"] = self.exploration.eps.clone()
 
     def after_collect(self, new_frames: int) -> None:
         self.exploration.step(new_frames)

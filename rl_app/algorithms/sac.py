@@ -15,7 +15,13 @@ from torchrl.envs import EnvBase
 from torchrl.modules import MLP, ProbabilisticActor, TanhNormal, ValueOperator
 from torchrl.objectives import SACLoss, SoftUpdate
 
-from rl_app.algorithms.base import Algorithm, loss_function, make_value_estimator
+from rl_app.algorithms.base import (
+    Algorithm,
+    capture_step,
+    loss_function,
+    make_adam,
+    make_value_estimator,
+)
 from rl_app.config import Config, NetworkConfig
 from rl_app.replay import PRIORITY_KEY
 
@@ -79,28 +85,30 @@ class SAC(Algorithm):
             num_qvalue_nets=2,
             alpha_init=config.sac.init_alpha,
             action_spec=self._action_spec.to(device),
+            deactivate_vmap=not config.sac.vmap_qnets,
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
         make_value_estimator(self.loss, config.optim)
         self.target_updater = SoftUpdate(self.loss, tau=config.sac.tau)
         # One optimizer over actor, critics and temperature: each loss term only reaches
         # its own parameters (SACLoss detaches the others), so the summed loss is exact.
-        self.optimizer = torch.optim.Adam(self.loss.parameters(), lr=config.optim.lr)
+        self.optimizer = make_adam(self.loss.parameters(), config.optim)
         self.compute_losses = loss_function(self.loss, config.optim.compile)
+        self.step = capture_step(self.gradient_step, config.optim)
 
     def policy_factory(self) -> Callable[..., ProbabilisticActor]:
         return functools.partial(
             make_actor, self._network, self._observation_dim, self._action_spec
         )
 
-    def update(self, batch: TensorDictBase) -> TensorDictBase:
+    def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
         losses = self.compute_losses(batch)
         total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()
         self.optimizer.step()
         self.target_updater.step()
-        return losses.detach()
+        return losses.detach().set(PRIORITY_KEY, batch[PRIORITY_KEY])
 
     def checkpoint_components(self) -> dict[str, Any]:
         # The loss module holds actor, critics, target critics and the temperature.
