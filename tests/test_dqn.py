@@ -10,7 +10,9 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
+from rl_app.algorithms import make_algorithm
 from rl_app.config import DQNConfig, load_config
+from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import build_run, train
 
@@ -80,3 +82,24 @@ def test_greedy_evaluation_ignores_exploration(tmp_path: Path) -> None:
         assert (explored["action"].argmax(-1) != best).float().mean() > 0.3
     finally:
         run.close()
+
+
+@pytest.mark.parametrize("max_grad_norm", [0.0, 0.01])
+def test_the_gradient_norm_is_clipped_to_max_grad_norm(max_grad_norm: float) -> None:
+    config = load_config(
+        "dqn_cartpole",
+        [*TINY_DQN, f"dqn.max_grad_norm={max_grad_norm}", "optim.target=td0", "dqn.loss=l2"],
+    )
+    env = make_env(config.env, seed=0)
+    algorithm = make_algorithm(config, env, torch.device("cpu"))
+    batch = env.rollout(64, break_when_any_done=False).select(*algorithm.replay_keys())
+    batch["next", "reward"] *= 100.0  # targets far from the fresh Q-values: large gradients
+    algorithm.update(batch)
+    # The step's gradients stay on the parameters until the next update clears them.
+    norm = torch.linalg.vector_norm(
+        torch.stack([p.grad.norm() for p in algorithm.loss.parameters() if p.grad is not None])
+    )
+    if max_grad_norm:
+        assert norm <= max_grad_norm * (1 + 1e-4)
+    else:
+        assert norm > 1.0  # unclipped, the same batch's gradient is far larger

@@ -38,6 +38,22 @@ def filled_buffer(play: TensorDict, sampler: str, directory: Path):
     return buffer
 
 
+def test_one_sampler_call_draws_an_iteration_of_batches_in_time_order(
+    cartpole_play: TensorDict, tmp_path: Path
+) -> None:
+    buffer = filled_buffer(cartpole_play, "prioritized_slice", tmp_path)
+    replay = ReplayConfig(sampler="prioritized_slice", slice_len=SLICE_LEN)
+    batches = sample_batches(buffer, replay, SLICE_LEN * NUM_SLICES, count=5)
+    assert [batch.shape for batch in batches] == [torch.Size([NUM_SLICES, SLICE_LEN])] * 5
+    for batch in batches:
+        traj_ids = batch[TRAJECTORY_KEY]
+        assert (traj_ids == traj_ids[:, :1]).all()
+        assert (batch["step_count"].squeeze(-1).diff(dim=1) == 1).all()
+        assert batch["priority_weight"].shape == batch.shape  # weights per step, per slice
+    starts = torch.stack([batch["index"].reshape(batch.shape)[:, 0] for batch in batches])
+    assert starts.unique().numel() > NUM_SLICES  # five draws, not one repeated
+
+
 @pytest.mark.parametrize("sampler", ["prioritized_slice", "slice"])
 def test_slices_are_contiguous_and_never_cross_a_trajectory(
     cartpole_play: TensorDict, sampler: str, tmp_path: Path

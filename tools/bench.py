@@ -1,10 +1,11 @@
 """``make bench`` (``python -m tools.bench``): measured speed, written to ``bench.json``.
 
-Sections, each measured in the same process, one after the other:
+Sections (``--only update,training,...`` picks some), measured one after the other:
 - machine: platform, cores, versions, and the measured float32 matmul rate of one thread;
-- update: one SAC update step of the default networks, eager and with ``optim.compile``,
-  next to its FLOP bound (the update's matrix-product FLOPs, from the network sizes, at the
-  measured matmul rate);
+- update: one SAC update step of the default preset in each of ``UPDATE_VARIANTS`` (each
+  speed lever alone, together, and the compiled loss), interleaved, next to its FLOP bound
+  (the matrix-product FLOPs the update runs, counted as it runs, at the measured matmul
+  rate), and the same update in fresh processes with glibc's allocator and with jemalloc;
 - training: the default preset with a 1e6-capacity memmap buffer (shortened to
   ``BENCH_FRAMES`` frames unless overridden with ``ARGS="collector.total_frames=..."``):
   environment frames/s, updates/s and the mean time per iteration of each phase of the
@@ -25,13 +26,14 @@ Not part of the test suite: timings depend on the machine and on what else runs 
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
+import argparse
+import functools
 import json
 import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +45,8 @@ import numpy as np
 import torch
 import torchrl
 from tensordict import TensorDict
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 from torchrl.collectors import Collector
 from torchrl.envs.utils import ExplorationType, RandomPolicy, set_exploration_type
 
@@ -93,57 +97,121 @@ def cpu_model() -> str:
     return names[0] if names else platform.machine()
 
 
-def sac_update_flops(observation_dim: int, action_dim: int, hidden: list[int], batch: int) -> int:
-    """FLOPs of the matrix products in one SAC update (2 per multiply-add).
+class MatmulFlops(TorchDispatchMode):
+    """Counts the FLOPs of every matrix product that runs inside it (torch's own formulas
+    per operator: ``mm``, ``addmm``, ``bmm``, ...), whatever the code around them (vmap
+    batches products into ``bmm``; a loop runs them one by one)."""
 
-    With ``F`` one forward pass of an MLP, a backward pass costs about ``2F`` (input and
-    weight gradients): the actor loss runs the actor forward and backward (3 actor F) and
-    both Q-nets forward with input gradients (2 x 2 Q F); the value target runs the actor
-    on the next observation (1 actor F) and both target Q-nets (2 Q F); the Q loss runs both
-    Q-nets forward and backward (2 x 3 Q F). In all: 4 actor F + 12 Q F."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.flops = 0
 
-    def forward(inputs: int, outputs: int) -> int:
-        sizes = [inputs, *hidden, outputs]
-        return 2 * batch * sum(a * b for a, b in itertools.pairwise(sizes))
-
-    actor = forward(observation_dim, 2 * action_dim)
-    qvalue = forward(observation_dim + action_dim, 1)
-    return 4 * actor + 12 * qvalue
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        count = flop_registry.get(func._overloadpacket)
+        if count is not None:
+            self.flops += count(*args, **kwargs, out_val=out)
+        return out
 
 
-def bench_update(config: Config, matmul_rate: float, repeats: int = 200) -> dict[str, Any]:
-    """One SAC update step on a real sampled batch, eager and compiled, against its FLOP
-    bound."""
+# Update variants measured side by side: each lever alone against TorchRL's defaults.
+UPDATE_VARIANTS = {
+    "TorchRL defaults (vmap, Adam)": ["sac.vmap_qnets=true", "optim.fused_adam=false"],
+    "vmap-free Q-nets": ["sac.vmap_qnets=false", "optim.fused_adam=false"],
+    "fused Adam": ["sac.vmap_qnets=true", "optim.fused_adam=true"],
+    "rl_app defaults (both)": [],
+    "compiled loss (vmap, fused Adam)": ["optim.compile=true", "sac.vmap_qnets=true"],
+}
+UPDATE_ROUNDS, UPDATES_PER_ROUND = 10, 20
+JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+
+
+def update_step(overrides: list[str]) -> Callable[[], Any]:
+    """One update of a SAC of the default preset (with ``overrides``) on a real batch."""
+    config = load_config("default", ["logger.backend=none", *overrides])
+    torch.set_num_threads(config.threads)
     env = make_env(config.env, config.seed)
-    flops = sac_update_flops(
-        env.observation_spec["observation"].shape[-1],
-        env.action_spec.shape[-1],
-        config.network.hidden_sizes,
-        config.optim.batch_size,
-    )
-    bound = flops / matmul_rate
-    report: dict[str, Any] = {"update_matmul_mflop": flops / 1e6, "flop_bound_ms": 1000 * bound}
-    batch = env.rollout(config.optim.batch_size, break_when_any_done=False)  # one for both
-    for name, compile in (("eager", False), ("compiled", True)):
-        optim = dataclasses.replace(config.optim, compile=compile)
-        algorithm = make_algorithm(
-            dataclasses.replace(config, optim=optim), env, torch.device("cpu")
-        )
+    batch = env.rollout(config.optim.batch_size, break_when_any_done=False)
+    algorithm = make_algorithm(config, env, torch.device("cpu"))
+    return functools.partial(algorithm.update, batch)
+
+
+def bench_update(base: list[str], matmul_rate: float) -> dict[str, Any]:
+    """One SAC update step of the default preset in each variant, interleaved round by
+    round (medians), against its FLOP bound: the matrix-product FLOPs the update really
+    runs, at the measured matmul rate."""
+    updates, first_seconds, flops = {}, {}, {}
+    for name, overrides in UPDATE_VARIANTS.items():
+        updates[name] = update_step([*base, *overrides])
         started = time.perf_counter()
-        algorithm.update(batch.clone())
-        first = time.perf_counter() - started
-        for _ in range(10):
-            algorithm.update(batch.clone())
-        started = time.perf_counter()
-        for _ in range(repeats):
-            algorithm.update(batch.clone())
-        step = (time.perf_counter() - started) / repeats
+        updates[name]()
+        first_seconds[name] = time.perf_counter() - started  # compiled: the compile
+        for _ in range(5):
+            updates[name]()
+        if "optim.compile=true" not in overrides:  # a compiled graph hides its operators
+            with MatmulFlops() as counter:
+                updates[name]()
+            flops[name] = counter.flops
+    bound = flops["rl_app defaults (both)"] / matmul_rate
+    times: dict[str, list[float]] = {name: [] for name in updates}
+    for _ in range(UPDATE_ROUNDS):
+        for name, update in updates.items():
+            started = time.perf_counter()
+            for _ in range(UPDATES_PER_ROUND):
+                update()
+            times[name].append((time.perf_counter() - started) / UPDATES_PER_ROUND)
+    baseline = statistics.median(times["TorchRL defaults (vmap, Adam)"])
+    report: dict[str, Any] = {
+        "update_matmul_mflop": flops["rl_app defaults (both)"] / 1e6,
+        "flop_bound_ms": 1000 * bound,
+    }
+    for name, samples in times.items():
+        step = statistics.median(samples)
         report[name] = {
+            "matmul_mflop": flops[name] / 1e6 if name in flops else None,
             "ms_per_update_step": 1000 * step,
+            "ratio_to_torchrl_defaults": step / baseline,
             "ratio_to_flop_bound": step / bound,
-            "first_update_seconds": first,  # compiled: the compile, less with a warm cache
+            "first_update_seconds": first_seconds[name],
         }
+    report["allocator"] = bench_allocator(base)
     return report
+
+
+def default_update_ms(overrides: list[str]) -> float:
+    """The median time of the default update, for :func:`bench_allocator`'s processes."""
+    update = update_step(overrides)
+    for _ in range(10):
+        update()
+    samples = []
+    for _ in range(UPDATE_ROUNDS):
+        started = time.perf_counter()
+        for _ in range(UPDATES_PER_ROUND):
+            update()
+        samples.append((time.perf_counter() - started) / UPDATES_PER_ROUND)
+    return 1000 * statistics.median(samples)
+
+
+def bench_allocator(base: list[str], rounds: int = 3) -> dict[str, Any]:
+    """The default update in fresh processes with glibc's allocator and with jemalloc
+    preloaded, alternating; medians. jemalloc is Debian's libjemalloc2, when installed."""
+    if not JEMALLOC.exists():
+        return {"jemalloc": f"not measured: {JEMALLOC} is not installed (apt install libjemalloc2)"}
+    code = f"import tools.bench as b; print(b.default_update_ms({base!r}))"
+    times: dict[str, list[float]] = {"glibc": [], "jemalloc": []}
+    for _ in range(rounds):
+        for name, preload in (("glibc", None), ("jemalloc", str(JEMALLOC))):
+            env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+            if preload:
+                env["LD_PRELOAD"] = preload
+            done = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            )
+            times[name].append(float(done.stdout.split()[-1]))
+    medians = {name: statistics.median(samples) for name, samples in times.items()}
+    return {**{f"{name}_ms": ms for name, ms in medians.items()},
+            "jemalloc_to_glibc": medians["jemalloc"] / medians["glibc"]}  # fmt: skip
 
 
 def bench_training(config: Config) -> dict[str, Any]:
@@ -351,51 +419,31 @@ def bench_against_sb3(base: list[str], run_dir: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str]) -> int:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    overrides = [
-        f"collector.total_frames={BENCH_FRAMES}", f"replay.capacity={BENCH_CAPACITY}",
-        "logger.backend=none", *argv,
-    ]  # fmt: skip
-    if not any(item.startswith("run_dir=") for item in overrides):
-        overrides.append(f"run_dir=runs/bench-{stamp}")
-    try:
-        config = load_config("default", overrides)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    run_dir = Path(config.run_dir)
-
-    machine = machine_description(config.threads)
-    report: dict[str, Any] = {
-        "machine": machine,
-        "update": bench_update(config, machine["matmul_256_gflops"] * 1e9),
-        "training": bench_training(config),
-    }
-    report["checkpoint"] = bench_checkpoint(
-        load_config("default", overrides), run_dir / "checkpoint-bench"
-    )
-    base = [
-        item for item in overrides if not item.startswith(("run_dir=", "collector.total_frames="))
-    ]
-    report["collection"] = bench_collection(base, run_dir / "collection")
-    (run_dir / "bench.json").write_text(json.dumps(report, indent=2))  # each section lands
-    report["sb3"] = bench_against_sb3(
-        [item for item in base if not item.startswith("replay.capacity=")], run_dir / "sb3"
-    )
-    (run_dir / "bench.json").write_text(json.dumps(report, indent=2))
-
-    training, checkpoint, update = report["training"], report["checkpoint"], report["update"]
+def print_machine(machine: dict[str, Any]) -> None:
     print(f"\n== machine: {machine['cpu_model']}, {machine['cores']} cores, one torch thread: "
           f"{machine['matmul_256_gflops']:.0f} GFLOP/s (256x256x256 float32 matmul)")  # fmt: skip
-    print(f"\n== SAC update step (default networks, batch {config.optim.batch_size})")
+
+
+def print_update(update: dict[str, Any]) -> None:
+    print("\n== SAC update step (default preset: batch 256, 2x256, two Q-nets; medians)")
     print(f"FLOP bound: {update['flop_bound_ms']:.1f} ms ({update['update_matmul_mflop']:.0f} "
-          "MFLOP of matrix products)")  # fmt: skip
-    for name in ("eager", "compiled"):
+          "MFLOP of matrix products, counted as they run)")  # fmt: skip
+    for name in UPDATE_VARIANTS:
         step = update[name]
-        print(f"{name + ':':<11} {step['ms_per_update_step']:.1f} ms, "
-              f"{step['ratio_to_flop_bound']:.2f}x the bound "
+        print(f"  {name:<34} {step['ms_per_update_step']:6.1f} ms  "
+              f"{step['ratio_to_torchrl_defaults']:.2f}x TorchRL's defaults  "
+              f"{step['ratio_to_flop_bound']:.2f}x the bound  "
               f"(first update {step['first_update_seconds']:.1f} s)")  # fmt: skip
+    allocator = update["allocator"]
+    if "jemalloc_to_glibc" in allocator:
+        glibc, jemalloc = allocator["glibc_ms"], allocator["jemalloc_ms"]
+        print(f"  allocator, fresh processes: glibc {glibc:.1f} ms, jemalloc {jemalloc:.1f} ms "
+              f"({allocator['jemalloc_to_glibc']:.2f}x)")  # fmt: skip
+    else:
+        print(f"  allocator: {allocator['jemalloc']}")
+
+
+def print_training(training: dict[str, Any]) -> None:
     print(f"\n== training ({training['frames']} frames, default preset, "
           f"{training['replay_capacity']:,}-transition memmap buffer)")  # fmt: skip
     print(f"environment frames/s (end to end): {training['frames_per_second']:.1f}")
@@ -408,22 +456,30 @@ def main(argv: list[str]) -> int:
     share = training["sampling_and_priority_share_of_iteration"]
     print(f"prioritized slice sampling + priority writes: {share:.1%} of an iteration")
     print(f"checkpointing: {100 * training['checkpoint_share_of_wall_time']:.2f}% of wall time")
+
+
+def print_checkpoint(checkpoint: dict[str, Any]) -> None:
     print(f"\n== checkpoint with {checkpoint['transitions']} Pendulum transitions")
     print(f"save: {checkpoint['save_seconds']:.2f} s")
     print(f"verify + load: {checkpoint['verify_and_load_seconds']:.2f} s")
     print(f"size: {checkpoint['size_mb']:.1f} MB")
+
+
+def print_collection(collection: dict[str, Any]) -> None:
     print("\n== collection on Pendulum-v1, acting with the SAC actor (raw: Gymnasium alone with "
           "as many envs in one process, random actions)")  # fmt: skip
     print(f"  {'mode':<14} {'raw steps/s':>12} {'collector frames/s':>19} {'of raw':>7} "
           f"{'training frames/s':>18}")  # fmt: skip
-    for name, rates in report["collection"].items():
+    for name, rates in collection.items():
         if isinstance(rates, str):
             print(f"  {name:<14} {rates}")
             continue
         raw, collect = rates["raw_gym_steps_per_second"], rates["collector_frames_per_second"]
         print(f"  {name:<14} {raw:12.0f} {collect:19.0f} {collect / raw:7.1%} "
               f"{rates['training_frames_per_second']:18.1f}")  # fmt: skip
-    sb3 = report["sb3"]
+
+
+def print_sb3(sb3: dict[str, Any]) -> None:
     print(f"\n== against Stable-Baselines3 (Pendulum-v1, {SB3_WORKLOAD['frames']} frames, "
           f"UTD 1, batch 256; {SB3_ROUNDS} runs each, interleaved; medians)")  # fmt: skip
     print(f"  {'':<18} {'wall s':>8} {'frames/s':>9} {'final eval (10 fixed seeds)':>28}")
@@ -432,6 +488,68 @@ def main(argv: list[str]) -> int:
         print(f"  {impl:<18} {medians['wall_seconds']:8.1f} {medians['frames_per_second']:9.1f} "
               f"{medians['eval_mean']:10.1f} (runs: {evals})")  # fmt: skip
     print(f"  wall time, ours / SB3: {sb3['wall_time_ratio_ours_to_sb3']:.2f}x")
+
+
+SECTIONS = ("update", "training", "checkpoint", "collection", "sb3")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--only", default=",".join(SECTIONS), help=f"comma-separated sections: {','.join(SECTIONS)}"
+    )
+    parser.add_argument("overrides", nargs="*", help="key=value settings of the default preset")
+    args = parser.parse_args(argv)
+    sections = args.only.split(",")
+    unknown = sorted(set(sections) - set(SECTIONS))
+    if unknown:
+        print(
+            f"error: --only {','.join(unknown)}: choose from {','.join(SECTIONS)}", file=sys.stderr
+        )
+        return 2
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    overrides = [
+        f"collector.total_frames={BENCH_FRAMES}", f"replay.capacity={BENCH_CAPACITY}",
+        "logger.backend=none", *args.overrides,
+    ]  # fmt: skip
+    if not any(item.startswith("run_dir=") for item in overrides):
+        overrides.append(f"run_dir=runs/bench-{stamp}")
+    try:
+        config = load_config("default", overrides)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    run_dir = Path(config.run_dir)
+    # Settings of every section: the user's, without where and how long the main run goes.
+    base = [
+        item for item in overrides if not item.startswith(("run_dir=", "collector.total_frames="))
+    ]
+    machine = machine_description(config.threads)
+    print_machine(machine)
+    report: dict[str, Any] = {"machine": machine}
+    measure = {
+        "update": lambda: bench_update(
+            [item for item in base if not item.startswith("replay.capacity=")],
+            machine["matmul_256_gflops"] * 1e9,
+        ),
+        "training": lambda: bench_training(config),
+        "checkpoint": lambda: bench_checkpoint(
+            load_config("default", overrides), run_dir / "checkpoint-bench"
+        ),
+        "collection": lambda: bench_collection(base, run_dir / "collection"),
+        "sb3": lambda: bench_against_sb3(
+            [item for item in base if not item.startswith("replay.capacity=")], run_dir / "sb3"
+        ),
+    }
+    printers = {"update": print_update, "training": print_training,
+                "checkpoint": print_checkpoint, "collection": print_collection,
+                "sb3": print_sb3}  # fmt: skip
+    for section in SECTIONS:
+        if section in sections:
+            report[section] = measure[section]()
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "bench.json").write_text(json.dumps(report, indent=2))  # each lands
+            printers[section](report[section])
     print(f"\nresults: {run_dir / 'bench.json'}")
     return 0
 
