@@ -159,7 +159,7 @@ class SACConfig:
     vmap_qnets: bool = setting(
         False,
         "run the Q-networks under torch.vmap (off: one after the other, which measured faster "
-        "on CPUs and gives the same values up to float rounding)",
+        "on CPUs and gives the same values up to float rounding); always on with optim.compile",
         on_resume=True,
     )
 

@@ -121,7 +121,7 @@ UPDATE_VARIANTS = {
     "vmap-free Q-nets": ["sac.vmap_qnets=false", "optim.fused_adam=false"],
     "fused Adam": ["sac.vmap_qnets=true", "optim.fused_adam=true"],
     "rl_app defaults (both)": [],
-    "compiled loss (vmap, fused Adam)": ["optim.compile=true", "sac.vmap_qnets=true"],
+    "compiled loss (vmap, fused Adam)": ["optim.compile=true"],
 }
 UPDATE_ROUNDS, UPDATES_PER_ROUND = 10, 20
 JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")

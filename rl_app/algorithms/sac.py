@@ -85,7 +85,8 @@ class SAC(Algorithm):
             num_qvalue_nets=2,
             alpha_init=config.sac.init_alpha,
             action_spec=self._action_spec.to(device),
-            deactivate_vmap=not config.sac.vmap_qnets,
+            # A compiled SACLoss with vmap-free Q-nets recompiles on every call.
+            deactivate_vmap=not (config.sac.vmap_qnets or config.optim.compile),
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
         make_value_estimator(self.loss, config.optim)
