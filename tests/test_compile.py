@@ -26,66 +26,49 @@ SPEED_SETTINGS = {
 }
 
 
+def assert_same_steps(
+    preset: str, reference: list[str], other: list[str], device: str, steps: int
+) -> None:
+    """Two algorithms of ``preset``, built alike but for their settings, take ``steps``
+    updates on the same batches (a new one each step) with the same random numbers: same
+    losses and priorities at every step, same parameters after (float rounding apart):
+    actor, critics, targets, temperature."""
+    tiny = ["network.hidden_sizes=[32,32]", "optim.batch_size=64", f"device={device}"]
+    configs = [load_config(preset, [*tiny, *settings]) for settings in (reference, other)]
+    env = make_env(configs[0].env, seed=0)
+    algorithms = []
+    for config in configs:
+        torch.manual_seed(0)
+        algorithms.append(make_algorithm(config, env, torch.device(device)))
+    rollout = env.rollout(64, break_when_any_done=False).select(*algorithms[0].replay_keys())
+    for step in range(steps):
+        batch = rollout.to(device)
+        batch["next", "reward"] += step  # a new batch each step, same shapes
+        batches = [batch.clone(), batch.clone()]
+        losses = []
+        for algorithm, copy in zip(algorithms, batches, strict=True):
+            torch.manual_seed(step)
+            losses.append(algorithm.update(copy))
+        for key in losses[0].keys():
+            torch.testing.assert_close(losses[1][key], losses[0][key])
+        torch.testing.assert_close(batches[1][PRIORITY_KEY], batches[0][PRIORITY_KEY])
+    for (name, after_other), after_reference in zip(
+        algorithms[1].loss.named_parameters(), algorithms[0].loss.parameters(), strict=True
+    ):
+        torch.testing.assert_close(after_other, after_reference, msg=name)
+
+
 @pytest.mark.parametrize("settings", SPEED_SETTINGS.values(), ids=SPEED_SETTINGS.keys())
 @pytest.mark.parametrize("preset", ["default", "dqn_cartpole"])
 def test_faster_update_settings_take_the_same_steps(preset: str, settings: list[str]) -> None:
-    tiny = ["network.hidden_sizes=[32,32]", "optim.batch_size=64"]
-    reference_config = load_config(preset, [*tiny, *TORCHRL_DEFAULTS])
-    faster_config = load_config(preset, [*tiny, *settings])
-    env = make_env(reference_config.env, seed=0)
-    torch.manual_seed(0)
-    reference = make_algorithm(reference_config, env, torch.device("cpu"))
-    torch.manual_seed(0)
-    faster = make_algorithm(faster_config, env, torch.device("cpu"))
-    if faster_config.optim.compile:
-        assert faster.compute_losses is not faster.loss
-    rollout = env.rollout(64, break_when_any_done=False).select(*reference.replay_keys())
-
-    for step in range(3):
-        reference_batch, faster_batch = rollout.clone(), rollout.clone()
-        torch.manual_seed(step)
-        reference_losses = reference.update(reference_batch)
-        torch.manual_seed(step)
-        faster_losses = faster.update(faster_batch)
-        for key in reference_losses.keys():
-            torch.testing.assert_close(faster_losses[key], reference_losses[key])
-        torch.testing.assert_close(faster_batch[PRIORITY_KEY], reference_batch[PRIORITY_KEY])
-    # Same parameters after the steps (float rounding apart): actor, critics, targets,
-    # temperature.
-    for (name, after_faster), after_reference in zip(
-        faster.loss.named_parameters(), reference.loss.parameters(), strict=True
-    ):
-        torch.testing.assert_close(after_faster, after_reference, msg=name)
+    assert_same_steps(preset, TORCHRL_DEFAULTS, settings, "cpu", steps=3)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("preset", ["default", "dqn_cartpole"])
 def test_cuda_graph_updates_take_the_same_steps_as_eager_ones_on_a_gpu(preset: str) -> None:
-    tiny = ["network.hidden_sizes=[32,32]", "optim.batch_size=64", "device=cuda"]
-    eager_config = load_config(preset, tiny)
-    graph_config = load_config(preset, [*tiny, "optim.cudagraphs=true"])
-    env = make_env(eager_config.env, seed=0)
-    torch.manual_seed(0)
-    eager = make_algorithm(eager_config, env, torch.device("cuda"))
-    torch.manual_seed(0)
-    graphed = make_algorithm(graph_config, env, torch.device("cuda"))
-    rollout = env.rollout(64, break_when_any_done=False).select(*eager.replay_keys()).to("cuda")
     # Past the warm-up, later steps replay the captured graph with each new batch.
-    for step in range(CUDA_GRAPH_WARMUP + 3):
-        batch = rollout.clone()
-        batch["next", "reward"] += step  # a new batch each step, same shapes
-        eager_batch, graph_batch = batch.clone(), batch.clone()
-        torch.manual_seed(step)
-        eager_losses = eager.update(eager_batch)
-        torch.manual_seed(step)
-        graph_losses = graphed.update(graph_batch)
-        for key in eager_losses.keys():
-            torch.testing.assert_close(graph_losses[key], eager_losses[key])
-        torch.testing.assert_close(graph_batch[PRIORITY_KEY], eager_batch[PRIORITY_KEY])
-    for (name, after_graph), after_eager in zip(
-        graphed.loss.named_parameters(), eager.loss.parameters(), strict=True
-    ):
-        torch.testing.assert_close(after_graph, after_eager, msg=name)
+    assert_same_steps(preset, [], ["optim.cudagraphs=true"], "cuda", CUDA_GRAPH_WARMUP + 3)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
