@@ -19,7 +19,9 @@ Sections (``--only update,training,...`` picks some), measured one after the oth
 - sb3: the same SAC workload as Stable-Baselines3 (``SB3_WORKLOAD``; ours with async
   collection and the compiled loss), run interleaved
   (ours, SB3, ours, SB3), each final agent scored on the same 10 fixed reset seeds; medians
-  and the wall-time ratio. SB3 runs in its own virtual environment (``.venv-sb3``).
+  and the wall-time ratio. SB3 runs in its own virtual environment (``.venv-sb3``);
+- gpu (on a machine with CUDA): ``sac_halfcheetah`` at one update per frame, eager,
+  compiled, and compiled with CUDA graphs (also with the replay data on the GPU).
 
 Not part of the test suite: timings depend on the machine and on what else runs on it.
 """
@@ -212,6 +214,43 @@ def bench_allocator(base: list[str], rounds: int = 3) -> dict[str, Any]:
     medians = {name: statistics.median(samples) for name, samples in times.items()}
     return {**{f"{name}_ms": ms for name, ms in medians.items()},
             "jemalloc_to_glibc": medians["jemalloc"] / medians["glibc"]}  # fmt: skip
+
+
+# sac_halfcheetah at one update per frame on a GPU (LeanRL publishes 725 frames/s for its
+# compiled + CUDA-graph SAC on an H100, and 127 for CleanRL's eager one).
+GPU_VARIANTS = {
+    "eager": [],
+    "compiled": ["optim.compile=true"],
+    "compiled + CUDA graphs": ["optim.compile=true", "optim.cudagraphs=true"],
+    "compiled + CUDA graphs, replay on the GPU": [
+        "optim.compile=true", "optim.cudagraphs=true", "replay.device=cuda",
+    ],
+}  # fmt: skip
+GPU_FRAMES, GPU_RANDOM_FRAMES = 20_000, 5_000
+
+
+def bench_gpu(run_dir: Path) -> dict[str, Any]:
+    """Each of ``GPU_VARIANTS`` trains ``sac_halfcheetah`` for ``GPU_FRAMES`` frames:
+    end-to-end frames/s (the compile included) and update steps/s of the updating phase."""
+    if not torch.cuda.is_available():
+        return {"not measured": "no CUDA GPU here"}
+    report: dict[str, Any] = {"gpu": torch.cuda.get_device_name()}
+    for name, settings in GPU_VARIANTS.items():
+        config = load_config(
+            "sac_halfcheetah",
+            ["device=cuda", f"collector.total_frames={GPU_FRAMES}",
+             f"collector.init_random_frames={GPU_RANDOM_FRAMES}", "logger.backend=none",
+             f"eval.interval_frames={GPU_FRAMES}", "eval.episodes=1",
+             f"run_dir={run_dir / name.replace(' ', '_')}", *settings],
+        )  # fmt: skip
+        started = time.perf_counter()
+        result = train(config)
+        wall = time.perf_counter() - started
+        report[name] = {
+            "frames_per_second": result.frames / wall,
+            "update_steps_per_second": result.updates / result.seconds_per_phase["updating"],
+        }
+    return report
 
 
 def bench_training(config: Config) -> dict[str, Any]:
@@ -490,7 +529,20 @@ def print_sb3(sb3: dict[str, Any]) -> None:
     print(f"  wall time, ours / SB3: {sb3['wall_time_ratio_ours_to_sb3']:.2f}x")
 
 
-SECTIONS = ("update", "training", "checkpoint", "collection", "sb3")
+def print_gpu(gpu: dict[str, Any]) -> None:
+    print("\n== GPU: sac_halfcheetah, one update per frame (LeanRL: 725 frames/s with compile "
+          "and CUDA graphs on an H100; CleanRL eager: 127)")  # fmt: skip
+    if "not measured" in gpu:
+        print(f"  not measured: {gpu['not measured']}")
+        return
+    print(f"  {gpu['gpu']}")
+    for name in GPU_VARIANTS:
+        rates = gpu[name]
+        print(f"  {name:<42} {rates['frames_per_second']:7.1f} frames/s end to end, "
+              f"{rates['update_steps_per_second']:7.1f} update steps/s")  # fmt: skip
+
+
+SECTIONS = ("update", "training", "checkpoint", "collection", "sb3", "gpu")
 
 
 def main(argv: list[str]) -> int:
@@ -540,10 +592,11 @@ def main(argv: list[str]) -> int:
         "sb3": lambda: bench_against_sb3(
             [item for item in base if not item.startswith("replay.capacity=")], run_dir / "sb3"
         ),
+        "gpu": lambda: bench_gpu(run_dir / "gpu"),
     }
     printers = {"update": print_update, "training": print_training,
                 "checkpoint": print_checkpoint, "collection": print_collection,
-                "sb3": print_sb3}  # fmt: skip
+                "sb3": print_sb3, "gpu": print_gpu}  # fmt: skip
     for section in SECTIONS:
         if section in sections:
             report[section] = measure[section]()
