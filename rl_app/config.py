@@ -124,6 +124,10 @@ class OptimConfig:
     """The learner's updates."""
 
     lr: float = setting(3e-4, "Adam learning rate of every network", above=0)
+    anneal_lr: bool = setting(
+        False,
+        "decay the learning rate linearly from optim.lr to 0 over collector.total_frames",
+    )
     batch_size: int = setting(256, "transitions per gradient update", at_least=1)
     utd_ratio: float = setting(1.0, "gradient updates per collected frame", above=0)
     gamma: float = setting(0.99, "discount factor", at_least=0, at_most=1)
@@ -680,8 +684,16 @@ def check_device(key: str, device: str, allow_auto: bool) -> None:
 
 
 def check_cudagraphs(config: Config) -> None:
-    """CUDA graphs need the learner on a GPU (``check_device`` has checked that one exists)."""
-    if not config.optim.cudagraphs or config.device.startswith("cuda"):
+    """CUDA graphs need the learner on a GPU (``check_device`` has checked that one exists)
+    and a constant learning rate."""
+    if not config.optim.cudagraphs:
+        return
+    if config.optim.anneal_lr:
+        raise ConfigError(
+            "optim.anneal_lr=true cannot be combined with optim.cudagraphs=true: a captured "
+            "update keeps the learning rate it was recorded with"
+        )
+    if config.device.startswith("cuda"):
         return
     import torch  # only when CUDA graphs are asked for
 

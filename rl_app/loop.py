@@ -302,6 +302,8 @@ def run_iterations(run: Run) -> TrainResult:
                 buffer.extend(batch.reshape(-1).select(*algorithm.replay_keys(), TRAJECTORY_KEY))
 
             update_metrics = []
+            if config.optim.anneal_lr:
+                set_learning_rate(algorithm.optimizer, annealed_lr(config, progress.frames))
             if progress.frames >= config.collector.init_random_frames:
                 with phases("sampling"):
                     samples = sample_batches(
@@ -321,6 +323,7 @@ def run_iterations(run: Run) -> TrainResult:
                 metrics = iteration_metrics(
                     batch, update_metrics, progress, run.weight_sync.version
                 )
+                metrics["train/lr"] = algorithm.optimizer.param_groups[0]["lr"]
                 refuse_non_finite(metrics, run)
 
             if progress.iterations % config.collector.sync_every == 0:
@@ -394,6 +397,17 @@ def refuse_non_finite(metrics: dict[str, float], run: Run) -> None:
                 f"({run.progress.frames} frames); nothing was saved from this iteration; "
                 f"the last good checkpoint is {run.checkpoints.latest()}"
             )
+
+
+def annealed_lr(config: Config, frames: int) -> float:
+    """``optim.lr`` decayed linearly to 0 at ``collector.total_frames``: a function of the
+    frame count alone, so a resumed run continues the schedule exactly."""
+    return config.optim.lr * max(0.0, 1 - frames / config.collector.total_frames)
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
 
 
 def episodes_ended(batch: TensorDictBase) -> int:

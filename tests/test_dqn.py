@@ -103,3 +103,19 @@ def test_the_gradient_norm_is_clipped_to_max_grad_norm(max_grad_norm: float) -> 
         assert norm <= max_grad_norm * (1 + 1e-4)
     else:
         assert norm > 1.0  # unclipped, the same batch's gradient is far larger
+
+
+def test_annealed_learning_rate_falls_linearly_to_zero_and_resumes_on_schedule(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    settings = [*TINY_DQN, "optim.anneal_lr=true", "optim.lr=1e-3", f"run_dir={run_dir}"]
+    train(load_config("dqn_cartpole", [*settings, "collector.total_frames=800"]))
+    # Resumed with a longer budget, the schedule is stretched to the new last frame.
+    train(load_config("dqn_cartpole", [*settings, "collector.total_frames=1200"]))
+    rows = read_metrics(run_dir)
+    lr = {row["frames"]: row["train/lr"] for row in rows}
+    assert lr[200] == pytest.approx(1e-3 * (1 - 200 / 800))
+    assert lr[800] == 0.0
+    assert lr[1000] == pytest.approx(1e-3 * (1 - 1000 / 1200))
+    assert lr[1200] == 0.0

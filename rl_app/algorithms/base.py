@@ -38,6 +38,8 @@ class Algorithm(abc.ABC):
     policy: TensorDictModuleBase
     #: The TorchRL loss the update minimises.
     loss: LossModule
+    #: The optimizer of every trained parameter (the loop anneals its learning rate).
+    optimizer: torch.optim.Optimizer
     #: ``loss`` itself or, with ``optim.compile``, its compiled form: what updates call.
     compute_losses: Callable[[TensorDictBase], TensorDictBase]
     #: :meth:`gradient_step` itself or, with ``optim.cudagraphs``, its CUDA-graph capture.
