@@ -12,6 +12,7 @@ directory that cannot be read is named and skipped.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -27,7 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from omegaconf import OmegaConf
 
-from rl_app.config import CONFIG_FILE, flatten
+from rl_app.config import CONFIG_FILE, Config, flatten
 from rl_app.logger import EVAL_KEY, METRICS_FILE, label_eval_axes, read_metrics
 
 # Keys that do not make two runs different experiments.
@@ -69,7 +70,9 @@ class GroupSummary:
 
 
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
-    flat = flatten(config)
+    """The settings that make an experiment, from a run's saved config. A key the run's
+    config lacks (a setting added since the run was made) counts as its default."""
+    flat = {**flatten(dataclasses.asdict(Config())), **flatten(config)}
     return {
         key: value
         for key, value in flat.items()

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rl_app.compare import FIGURE_FILE, TABLE_FILE, compare
 from rl_app.config import load_config, to_yaml
@@ -79,6 +80,17 @@ def test_seeds_of_two_settings_make_two_groups_labelled_by_the_setting(
         f"{statistics.stdev(best):.1f} | 1.5 min |"
     ) in table
     assert (tmp_path / "out" / FIGURE_FILE).read_bytes()[:8] == PNG
+
+
+def test_a_run_made_before_a_setting_existed_groups_with_its_default(
+    two_settings: list[Path], tmp_path: Path
+) -> None:
+    older = two_settings[0] / "config.yaml"
+    config = yaml.safe_load(older.read_text())
+    del config["optim"]["anneal_lr"]  # as a run saved before the setting was added
+    older.write_text(yaml.safe_dump(config))
+    summaries, _ = compare(two_settings, tmp_path / "out")
+    assert sorted(len(group.runs) for group in summaries) == [3, 3]
 
 
 def test_compare_cli_skips_a_run_without_metrics_by_name(tiny_config, tmp_path: Path) -> None:

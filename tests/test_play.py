@@ -101,7 +101,7 @@ def test_playing_a_checkpoint_gives_the_returns_its_evaluation_recorded(run, req
 
 
 def test_best_index_follows_rotation_and_a_fallback_after_corruption(tiny_config) -> None:
-    config = tiny_config("checkpoint.keep_last=1")
+    config = tiny_config("checkpoint.keep_last=2")
     train(config)
     directory = Path(config.run_dir) / "checkpoints"
     kept = sorted(directory.glob("checkpoint-*"))
@@ -112,7 +112,7 @@ def test_best_index_follows_rotation_and_a_fallback_after_corruption(tiny_config
     newest = kept[-1]
     policy_file = next((newest / "components").glob("*-policy/state.pt"))
     policy_file.write_bytes(b"\0" * policy_file.stat().st_size)
-    train(tiny_config("checkpoint.keep_last=1", "collector.total_frames=1600"))
+    train(tiny_config("checkpoint.keep_last=2", "collector.total_frames=1600"))
     assert (directory / f"corrupt-{newest.name}").is_dir()
     best = recorded_best(directory)
     remaining = list(directory.glob("checkpoint-*"))
