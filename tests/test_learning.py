@@ -27,6 +27,6 @@ def test_dqn_preset_ends_with_a_learned_cartpole_policy(tmp_path: Path) -> None:
     assert config.collector.total_frames <= 50_000 and config.eval.episodes == 10
     result = train(config)
     # The final policy, not the best one seen, must be a learned one (a random policy
-    # scores about 20). Seed 0 ends at 351.0 (best 364.6); over seeds 1-5 the preset ends
-    # at 332-500 (see the README), short of holding 475 in every seed.
-    assert result.last_eval_reward >= 300, result
+    # scores about 20). Seed 0 ends at 481; over seeds 1-5 the preset ends at 420-485 (see
+    # the README), short of holding 475 in every seed.
+    assert result.last_eval_reward >= 400, result
