@@ -139,6 +139,14 @@ def update_step(overrides: list[str]) -> Callable[[], Any]:
     return functools.partial(algorithm.update, batch)
 
 
+def seconds_per_update(update: Callable[[], Any]) -> float:
+    """One round: the mean time of ``UPDATES_PER_ROUND`` calls of ``update``."""
+    started = time.perf_counter()
+    for _ in range(UPDATES_PER_ROUND):
+        update()
+    return (time.perf_counter() - started) / UPDATES_PER_ROUND
+
+
 def bench_update(base: list[str], matmul_rate: float) -> dict[str, Any]:
     """One SAC update step of the default preset in each variant, interleaved round by
     round (medians), against its FLOP bound: the matrix-product FLOPs the update really
@@ -159,10 +167,7 @@ def bench_update(base: list[str], matmul_rate: float) -> dict[str, Any]:
     times: dict[str, list[float]] = {name: [] for name in updates}
     for _ in range(UPDATE_ROUNDS):
         for name, update in updates.items():
-            started = time.perf_counter()
-            for _ in range(UPDATES_PER_ROUND):
-                update()
-            times[name].append((time.perf_counter() - started) / UPDATES_PER_ROUND)
+            times[name].append(seconds_per_update(update))
     baseline = statistics.median(times["TorchRL defaults (vmap, Adam)"])
     report: dict[str, Any] = {
         "update_matmul_mflop": flops["rl_app defaults (both)"] / 1e6,
@@ -186,13 +191,7 @@ def default_update_ms(overrides: list[str]) -> float:
     update = update_step(overrides)
     for _ in range(10):
         update()
-    samples = []
-    for _ in range(UPDATE_ROUNDS):
-        started = time.perf_counter()
-        for _ in range(UPDATES_PER_ROUND):
-            update()
-        samples.append((time.perf_counter() - started) / UPDATES_PER_ROUND)
-    return 1000 * statistics.median(samples)
+    return 1000 * statistics.median(seconds_per_update(update) for _ in range(UPDATE_ROUNDS))
 
 
 def bench_allocator(base: list[str], rounds: int = 3) -> dict[str, Any]:
