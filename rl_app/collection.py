@@ -70,7 +70,7 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
     }
     if settings.mode == "direct":
         return Collector(
-            env_factory(config.env, config.seed),
+            env_factory(config.env, config.seed, network=config.network),
             algorithm.policy,
             init_random_frames=settings.init_random_frames,
             **common,

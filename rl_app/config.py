@@ -69,6 +69,12 @@ class EnvConfig:
     num_envs: int = setting(
         1, "envs stepped as one batch by each collector (a vector env)", at_least=1
     )
+    observation_indices: list[int] | None = setting(  # noqa: RUF009
+        None,
+        "keep only these entries of a Box observation, e.g. [0, 2]: CartPole without its "
+        "velocities (unset: the whole observation)",
+        at_least=0,
+    )
 
 
 @dataclass
@@ -77,6 +83,13 @@ class NetworkConfig:
 
     # A tuple default: setting() gives each config its own list of it.
     hidden_sizes: list[int] = setting((256, 256), "hidden layer widths of every MLP", at_least=1)  # noqa: RUF009
+    recurrent: str = setting(
+        "none",
+        "none | lstm: an LSTM between the MLP and the Q-values (algo=dqn), its state carried "
+        "through each episode and stored with every frame",
+        choices=("none", "lstm"),
+    )
+    lstm_size: int = setting(64, "size of the LSTM's state (network.recurrent=lstm)", at_least=1)
 
 
 @dataclass
@@ -194,10 +207,25 @@ class ReplayConfig:
     capacity: int = setting(100_000, "transitions kept in the buffer", at_least=1)
     sampler: str = setting(
         "prioritized_slice",
-        "prioritized_slice | slice | prioritized | uniform",
-        choices=("prioritized_slice", "slice", "prioritized", "uniform"),
+        "prioritized_slice | slice | prioritized_sequence (TorchRL's Sequence windows: "
+        "replay.burn_in steps, then replay.slice_len learning steps, padded and masked at "
+        "episode ends) | prioritized | uniform",
+        choices=("prioritized_slice", "slice", "prioritized_sequence", "prioritized", "uniform"),
     )
-    slice_len: int = setting(8, "consecutive steps per sampled slice (slice samplers)", at_least=1)
+    slice_len: int = setting(
+        8, "consecutive steps per sampled slice or sequence (sequence samplers)", at_least=1
+    )
+    burn_in: int = setting(
+        0,
+        "steps before each sampled sequence that only warm up the recurrent state: no loss "
+        "(replay.sampler=prioritized_sequence)",
+        at_least=0,
+    )
+    refresh_states: bool = setting(
+        True,
+        "write the recurrent states the learner recomputes back into the sampled records "
+        "that are still in the buffer (network.recurrent=lstm)",
+    )
     alpha: float = setting(0.6, "priority exponent (prioritized samplers)", at_least=0)
     beta: float = setting(0.4, "importance-weight exponent (prioritized samplers)", at_least=0)
     device: str = setting(
@@ -595,15 +623,21 @@ def validate(config: Config) -> None:
             f"it must not exceed replay.capacity={config.replay.capacity}"
         )
 
+    check_recurrent(config)
+
     check_env_registered(config.env.name)
     env_spec = gym.spec(config.env.name.split(":")[-1])
-    check_action_space(config.algo, config.env.name)
+    check_spaces(config.algo, config.env)
     episode_len = env_spec.max_episode_steps
-    if config.replay.sampler.endswith("slice"):
-        if episode_len is not None and config.replay.slice_len > episode_len:
+    if samples_sequences(config.replay.sampler):
+        window = config.replay.burn_in + config.replay.slice_len
+        if episode_len is not None and window > episode_len:
+            keys = (
+                "replay.burn_in + replay.slice_len" if config.replay.burn_in else "replay.slice_len"
+            )
             raise ConfigError(
-                f"replay.slice_len={config.replay.slice_len} is out of range: "
-                f"{config.env.name} episodes last at most {episode_len} steps"
+                f"{keys}={window} is out of range: {config.env.name} episodes last at most "
+                f"{episode_len} steps"
             )
         if config.optim.batch_size % config.replay.slice_len:
             raise ConfigError(
@@ -705,12 +739,45 @@ def check_cudagraphs(config: Config) -> None:
         )
 
 
+SEQUENCE_SAMPLERS = ("prioritized_slice", "slice", "prioritized_sequence")
+
+
+def samples_sequences(sampler: str) -> bool:
+    """Whether ``replay.sampler`` yields ``[sequences, steps]`` batches (time last)."""
+    return sampler in SEQUENCE_SAMPLERS
+
+
 def check_value_target(optim: OptimConfig, sampler: str) -> None:
     """Multi-step targets run along the time dimension of sampled slices."""
-    if optim.target != "td0" and not sampler.endswith("slice"):
+    if optim.target != "td0" and not samples_sequences(sampler):
         raise ConfigError(
-            f"optim.target={optim.target!r} needs a slice sampler (replay.sampler="
-            f"prioritized_slice or slice): replay.sampler={sampler!r} samples single steps"
+            f"optim.target={optim.target!r} needs a sequence sampler (replay.sampler="
+            f"{', '.join(SEQUENCE_SAMPLERS)}): replay.sampler={sampler!r} samples single steps"
+        )
+
+
+def check_recurrent(config: Config) -> None:
+    """A recurrent network learns from sequences, and only DQN has one; burn-in is a part
+    of TorchRL's Sequence windows."""
+    replay = config.replay
+    if replay.burn_in and replay.sampler != "prioritized_sequence":
+        raise ConfigError(
+            f"replay.burn_in={replay.burn_in} needs replay.sampler=prioritized_sequence "
+            f"(replay.sampler={replay.sampler!r} has no burn-in steps): set replay.burn_in=0"
+        )
+    if config.network.recurrent == "none":
+        return
+    if config.algo != "dqn":
+        raise ConfigError(
+            f"network.recurrent={config.network.recurrent!r} is not accepted with "
+            f"algo={config.algo!r}: only algo=dqn has a recurrent network "
+            "(set network.recurrent=none)"
+        )
+    if not samples_sequences(replay.sampler):
+        raise ConfigError(
+            f"network.recurrent={config.network.recurrent!r} learns from sequences: "
+            f"replay.sampler={replay.sampler!r} samples single steps; choose one of "
+            f"{', '.join(SEQUENCE_SAMPLERS)}"
         )
 
 
@@ -754,15 +821,30 @@ def check_env_registered(env_name: str) -> None:
         )
 
 
-def check_action_space(algo: str, env_name: str) -> None:
-    """The algorithm must fit the env's actions (building the Gymnasium env is the only way
-    to read its action space; no TorchRL env, file or process is created)."""
+def check_spaces(algo: str, env: EnvConfig) -> None:
+    """The algorithm must fit the env's actions, and ``env.observation_indices`` its
+    observation (building the Gymnasium env is the only way to read its spaces; no TorchRL
+    env, file or process is created)."""
+    env_name = env.name
     try:
         probe = gym.make(env_name)
     except Exception as error:  # a missing optional dependency, a broken env module
         raise ConfigError(f"env.name={env_name!r} cannot be built: {error}") from None
     actions = "discrete" if isinstance(probe.action_space, gym.spaces.Discrete) else "continuous"
+    observation_space = probe.observation_space
     probe.close()
+    if env.observation_indices is not None:
+        if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+            raise ConfigError(
+                f"env.observation_indices needs a flat Box observation: {env_name} observes "
+                f"{observation_space}"
+            )
+        size = observation_space.shape[0]
+        if max(env.observation_indices) >= size:
+            raise ConfigError(
+                f"env.observation_indices={env.observation_indices!r} is out of range: "
+                f"{env_name} observations have {size} entries (indices 0 to {size - 1})"
+            )
     if ALGORITHM_ACTIONS[algo] != actions:
         fitting = [name for name, kind in ALGORITHM_ACTIONS.items() if kind == actions]
         raise ConfigError(

@@ -7,7 +7,9 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
+from torchrl.data import Unbounded
 from torchrl.envs import (
     Compose,
     DoubleToFloat,
@@ -16,14 +18,19 @@ from torchrl.envs import (
     InitTracker,
     RewardSum,
     StepCounter,
+    TensorDictPrimer,
     TransformedEnv,
 )
 
-from rl_app.config import EnvConfig
+from rl_app.config import EnvConfig, NetworkConfig
 
 # Evaluation episodes use seeds far from the training ones, so that the agent is scored on
 # starts it did not necessarily train from.
 EVAL_SEED_OFFSET = 1_000_003
+# A recurrent policy's state, one entry per LSTM state tensor: the env carries it (a primer
+# adds it to the specs, zeros at every reset), so every stored frame holds the state its
+# action was taken with, under these keys, and the one after it under ("next", key).
+RECURRENT_STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
 # Collector i (a worker process or a collection job) seeds its env with seed + i * stride:
 # distinct, reproducible episodes.
 WORKER_SEED_STRIDE = 10_007
@@ -48,11 +55,48 @@ class ReplayableReset(gym.Wrapper):
         return super().step(action)
 
 
+class ObservationIndices(gym.ObservationWrapper):
+    """Observes only some entries of a flat Box observation (``env.observation_indices``):
+    e.g. CartPole's positions without its velocities, a partially observed task."""
+
+    def __init__(self, env: gym.Env, indices: list[int]) -> None:
+        super().__init__(env)
+        self.indices = np.asarray(indices)
+        space = env.observation_space
+        self.observation_space = gym.spaces.Box(
+            space.low[self.indices], space.high[self.indices], dtype=space.dtype
+        )
+
+    def observation(self, observation: np.ndarray) -> np.ndarray:
+        return observation[self.indices]
+
+
+def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """The Gymnasium env ``env.name``, observing ``env.observation_indices`` if set."""
+    gym_env = gym.make(env.name, render_mode=render_mode)
+    if env.observation_indices is not None:
+        gym_env = ObservationIndices(gym_env, env.observation_indices)
+    return gym_env
+
+
+def recurrent_state_primer(network: NetworkConfig) -> TensorDictPrimer:
+    """Puts the recurrent state of ``network`` (one LSTM layer) into the env's specs."""
+    shape = (1, network.lstm_size)
+    return TensorDictPrimer(
+        {key: Unbounded(shape=shape) for key in RECURRENT_STATE_KEYS}, expand_specs=True
+    )
+
+
 def make_env(
-    env: EnvConfig, seed: int, device: str | torch.device = "cpu", render_mode: str | None = None
+    env: EnvConfig,
+    seed: int,
+    device: str | torch.device = "cpu",
+    render_mode: str | None = None,
+    network: NetworkConfig | None = None,
 ) -> EnvBase:
     """One seeded environment: float observations, a step counter, the episode return
-    (``episode_reward``) and ``is_init`` flags at episode starts.
+    (``episode_reward``) and ``is_init`` flags at episode starts; with a recurrent
+    ``network``, also the policy's recurrent state (``RECURRENT_STATE_KEYS``).
 
     With ``env.num_envs > 1`` it is a batch of envs stepped together in this process (a
     Gymnasium ``SyncVectorEnv``): one policy call and one TorchRL step serve them all. Its
@@ -60,22 +104,26 @@ def make_env(
     vector env's own autoreset is off). ``render_mode`` (one env only) is Gymnasium's, e.g.
     ``"rgb_array"`` for videos."""
     if env.num_envs == 1:
-        gym_env = ReplayableReset(gym.make(env.name, render_mode=render_mode))
+        gym_env = ReplayableReset(make_gym_env(env, render_mode))
     else:
         gym_env = gym.vector.SyncVectorEnv(
-            [functools.partial(gym.make, env.name)] * env.num_envs,
+            [functools.partial(make_gym_env, env)] * env.num_envs,
             autoreset_mode=gym.vector.AutoresetMode.DISABLED,
         )
     base = GymWrapper(gym_env, device=device)
-    transformed = TransformedEnv(
-        base, Compose(DoubleToFloat(), StepCounter(), RewardSum(), InitTracker())
-    )
+    transforms = [DoubleToFloat(), StepCounter(), RewardSum(), InitTracker()]
+    if network is not None and network.recurrent != "none":
+        transforms.append(recurrent_state_primer(network))
+    transformed = TransformedEnv(base, Compose(*transforms))
     transformed.set_seed(seed)
     return transformed
 
 
 def env_factory(
-    env: EnvConfig, seed: int, device: str | torch.device = "cpu"
+    env: EnvConfig,
+    seed: int,
+    device: str | torch.device = "cpu",
+    network: NetworkConfig | None = None,
 ) -> Callable[[], EnvBase]:
     """A picklable zero-argument factory, as collectors and the Evaluator expect."""
-    return functools.partial(make_env, env, seed, device)
+    return functools.partial(make_env, env, seed, device, network=network)

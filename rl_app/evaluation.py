@@ -25,7 +25,11 @@ def evaluate(
     the learner's modules or random state. A fresh one each time replays the same seeded
     episode starts, so that scores compare across evaluations and across resumes."""
     evaluator = Evaluator(
-        env_factory(dataclasses.replace(config.env, num_envs=1), config.seed + EVAL_SEED_OFFSET),
+        env_factory(
+            dataclasses.replace(config.env, num_envs=1),
+            config.seed + EVAL_SEED_OFFSET,
+            network=config.network,
+        ),
         policy_factory=policy_factory,
         num_trajectories=config.eval.episodes,
         max_steps=None,  # the env's StepCounter and time limit end episodes
@@ -51,6 +55,7 @@ def evaluation_env(
         dataclasses.replace(config.env, num_envs=1),
         config.seed + EVAL_SEED_OFFSET if seed is None else seed,
         render_mode=render_mode,
+        network=config.network,
     )
     env.reset()
     return env

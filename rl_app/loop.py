@@ -1,8 +1,8 @@
 """The training loop: ``train(config)`` builds a run from its factories (or resumes one
 from its newest good checkpoint), then tells the story of one iteration, again and again:
 
-    collect -> extend -> sample -> update -> priorities -> weight sync
-            -> evaluate -> log -> checkpoint
+    collect -> extend -> sample -> update -> priorities (-> recurrent states)
+            -> weight sync -> evaluate -> log -> checkpoint
 
 Metrics are logged before the checkpoint that covers them: a run resumed from that
 checkpoint then neither repeats nor misses a row.
@@ -50,7 +50,14 @@ from rl_app.envs import make_env
 from rl_app.evaluation import evaluate
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
-from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batches, write_priorities
+from rl_app.replay import (
+    TRAJECTORY_KEY,
+    make_replay_buffer,
+    recurrent_state_drift,
+    sample_batches,
+    write_priorities,
+    write_recurrent_states,
+)
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
 from rl_app.video import record_evaluation_video
 
@@ -108,8 +115,8 @@ class TrainResult:
 # these names), and an error message names the phase it happened in.
 PHASES = (
     "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
-    "checking metrics", "syncing weights", "evaluating", "recording a video", "logging",
-    "saving a checkpoint",
+    "refreshing recurrent states", "checking metrics", "syncing weights", "evaluating",
+    "recording a video", "logging", "saving a checkpoint",
 )  # fmt: skip
 
 
@@ -191,7 +198,7 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     seed_everything(config.seed)
 
     devices = decide_devices(config)
-    spec_env = make_env(config.env, config.seed)
+    spec_env = make_env(config.env, config.seed, network=config.network)
     algorithm = make_algorithm(config, spec_env, devices.learner)
     spec_env.close()
     buffer = make_replay_buffer(config.replay, run_dir / REPLAY_DIR, config.seed)
@@ -301,7 +308,7 @@ def run_iterations(run: Run) -> TrainResult:
             with phases("extending the buffer"):
                 buffer.extend(batch.reshape(-1).select(*algorithm.replay_keys(), TRAJECTORY_KEY))
 
-            update_metrics = []
+            update_metrics, state_metrics = [], {}
             if config.optim.anneal_lr:
                 set_learning_rate(algorithm.optimizer, annealed_lr(config, progress.frames))
             if progress.frames >= config.collector.init_random_frames:
@@ -316,14 +323,18 @@ def run_iterations(run: Run) -> TrainResult:
                 for sample in samples:
                     with phases("updating"):
                         update_metrics.append(algorithm.update(sample))
+                sampled = torch.cat(samples)
                 with phases("writing priorities"):
-                    write_priorities(buffer, torch.cat(samples))
+                    write_priorities(buffer, sampled)
+                with phases("refreshing recurrent states"):
+                    state_metrics = refresh_recurrent_states(run, sampled)
                 progress.updates += updates_per_iteration
             with phases("checking metrics"):
                 metrics = iteration_metrics(
                     batch, update_metrics, progress, run.weight_sync.version
                 )
                 metrics["train/lr"] = algorithm.optimizer.param_groups[0]["lr"]
+                metrics.update(state_metrics)
                 refuse_non_finite(metrics, run)
 
             if progress.iterations % config.collector.sync_every == 0:
@@ -358,6 +369,21 @@ def run_iterations(run: Run) -> TrainResult:
                 break
     # A signal that came with the last iteration stopped nothing: the run is complete.
     return summarize(run, stop.reason if progress.frames < config.collector.total_frames else None)
+
+
+def refresh_recurrent_states(run: Run, sequences: TensorDictBase) -> dict[str, float]:
+    """Recompute the recurrent states of the sampled records with the current weights and,
+    with ``replay.refresh_states``, write them back into the records still in the buffer,
+    so that later samples start from fresher states. Returns how far the stored states
+    were from the recomputed ones (``train/state_drift``), and how many records were
+    refreshed; nothing without a recurrent network."""
+    states = run.algorithm.recurrent_states(sequences)
+    if states is None:
+        return {}
+    metrics = {"train/state_drift": recurrent_state_drift(sequences, states)}
+    if run.config.replay.refresh_states:
+        metrics["train/states_refreshed"] = write_recurrent_states(run.buffer, sequences, states)
+    return metrics
 
 
 def summarize(run: Run, stopped_by: str | None) -> TrainResult:

@@ -99,7 +99,8 @@ def load_policy(run_dir: str | Path, checkpoint: str = "best") -> TensorDictModu
     run_dir = Path(run_dir)
     config = run_config(run_dir)
     path = resolve_checkpoint(run_dir, checkpoint)
-    env = make_env(dataclasses.replace(config.env, num_envs=1), config.seed)  # for its specs
+    single = dataclasses.replace(config.env, num_envs=1)
+    env = make_env(single, config.seed, network=config.network)  # for its specs
     policy = make_policy(config, env)
     env.close()
     try:

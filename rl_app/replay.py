@@ -17,14 +17,19 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
 )
+from torchrl.data.replay_buffers import Sequence
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from rl_app.config import ReplayConfig
+from rl_app.config import ReplayConfig, samples_sequences
+from rl_app.envs import RECURRENT_STATE_KEYS
 
 # The collector numbers every trajectory; slices are cut within one id.
 TRAJECTORY_KEY = ("collector", "traj_ids")
 # Where an algorithm's update writes one new priority per sampled transition.
 PRIORITY_KEY = "td_error"
+# Steps of a sampled Sequence window the loss counts: learning steps (not burn-in) that are
+# part of the sampled episode (not padding past its end).
+LOSS_MASK_KEY = "loss_mask"
 # R2D2's mix of a slice's largest and mean step priority (Kapturowski et al., 2019).
 SLICE_PRIORITY_ETA = 0.9
 
@@ -44,7 +49,9 @@ def make_sampler(replay: ReplayConfig) -> Sampler:
     # A one-step slice is a transition; TorchRL 0.14.1's PrioritizedSliceSampler masks every
     # start when slice_len is 1 (it then raises "non-positive p_sum").
     one_step = replay.slice_len == 1
-    if replay.sampler == "prioritized" or (replay.sampler == "prioritized_slice" and one_step):
+    if replay.sampler in ("prioritized", "prioritized_sequence") or (
+        replay.sampler == "prioritized_slice" and one_step
+    ):
         return PrioritizedSampler(**prioritized)
     if replay.sampler == "prioritized_slice":
         return PrioritizedSliceSampler(**prioritized, **slices)
@@ -67,9 +74,15 @@ def make_replay_buffer(
         storage = LazyTensorStorage(replay.capacity, device=replay.device)
     else:
         storage = LazyMemmapStorage(replay.capacity, scratch_dir=scratch_dir)
+    sequence = None
+    if replay.sampler == "prioritized_sequence":
+        # Each sampled anchor expands into burn_in steps before it and slice_len from it,
+        # cut at its episode's ends (padded there, and masked).
+        sequence = Sequence(replay.slice_len, burn_in=replay.burn_in, episode_boundary="pad")
     return TensorDictReplayBuffer(
         storage=storage,
         sampler=make_sampler(replay),
+        sample_unit=sequence,
         # Each slot counts its overwrites, so late priorities can be told from fresh ones.
         writer=TensorDictRoundRobinWriter(track_generations=True),
         priority_key=PRIORITY_KEY,
@@ -86,23 +99,56 @@ def sample_batches(
 ) -> list[TensorDictBase]:
     """``count`` batches of ``batch_size`` for as many updates, drawn in one sampler call
     and moved to ``device`` at once: ``[slices, slice_len]`` steps (time last) from a slice
-    sampler, ``[batch_size]`` transitions from the others.
+    sampler, ``[batch_size / slice_len, burn_in + slice_len]`` from the sequence sampler
+    (see :func:`sequence_windows`), ``[batch_size]`` transitions from the others.
 
     One call instead of ``count`` spares the sampler's fixed cost per call. Drawn together,
     the batches all see the priorities as they stood before the first of their updates
     (:func:`write_priorities` then writes the new ones together). A slice sampler returns
     its slices one after the other, each in time order, so the flat sample reshapes into
     one slice per row."""
+    if replay.sampler == "prioritized_sequence":
+        anchors = count * batch_size // replay.slice_len
+        windows = sequence_windows(buffer.sample(anchors).reshape(anchors, -1))
+        return list(windows.to(device).reshape(count, -1, windows.shape[1]).unbind(0))
     sample = buffer.sample(count * batch_size).to(device)
-    if replay.sampler.endswith("slice"):
+    if samples_sequences(replay.sampler):
         return list(sample.reshape(count, -1, replay.slice_len).unbind(0))
     return list(sample.reshape(count, -1).unbind(0))
 
 
-def slice_priorities(step_priorities: torch.Tensor) -> torch.Tensor:
+def sequence_windows(windows: TensorDictBase) -> TensorDictBase:
+    """Sequence windows, one per row, made ready for a loss over time.
+
+    TorchRL's Sequence unit marks each record with ``learning_mask`` (not burn-in) and
+    ``validity_mask`` (inside the anchor's episode: where a window reaches past the episode
+    start or end, it repeats the first or last record). The loss counts the steps where
+    both hold (``LOSS_MASK_KEY``). Two marks make the copies harmless for a recurrent
+    network and a multi-step target: a recurrence restarts at the first valid record from
+    the state stored with it (``is_init`` there, also for the next states), and the last
+    valid record ends the multi-step chain (a ``done`` that bootstraps from its next
+    state, as at any slice end)."""
+    valid = windows["validity_mask"]
+    windows[LOSS_MASK_KEY] = windows["learning_mask"] & valid
+    first_valid = valid & ~torch.cat([torch.zeros_like(valid[:, :1]), valid[:, :-1]], dim=1)
+    last_valid = valid & ~torch.cat([valid[:, 1:], torch.zeros_like(valid[:, :1])], dim=1)
+    for key in ("is_init", ("next", "is_init")):
+        if key in windows.keys(include_nested=True):
+            windows[key] = windows[key] | first_valid.unsqueeze(-1)
+    windows["next", "done"] = windows["next", "done"] | last_valid.unsqueeze(-1)
+    return windows
+
+
+def slice_priorities(
+    step_priorities: torch.Tensor, counted: torch.Tensor | None = None
+) -> torch.Tensor:
     """The priority of each slice (row) from its steps' priorities (columns):
-    ``eta * max + (1 - eta) * mean`` with ``eta = SLICE_PRIORITY_ETA``, as in R2D2."""
-    largest, mean = step_priorities.amax(dim=1), step_priorities.mean(dim=1)
+    ``eta * max + (1 - eta) * mean`` with ``eta = SLICE_PRIORITY_ETA``, as in R2D2; only
+    over the ``counted`` steps if given (a sequence's learning steps)."""
+    if counted is None:
+        counted = torch.ones_like(step_priorities, dtype=torch.bool)
+    largest = step_priorities.masked_fill(~counted, float("-inf")).amax(dim=1)
+    mean = (step_priorities * counted).sum(dim=1) / counted.sum(dim=1).clamp_min(1)
     return SLICE_PRIORITY_ETA * largest + (1 - SLICE_PRIORITY_ETA) * mean
 
 
@@ -115,7 +161,8 @@ def write_priorities(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> 
     start index's priority (raised to ``alpha``). So every step of a slice takes its own
     TD error, then the slice's start takes :func:`slice_priorities` of them: that decides
     how often this slice is drawn again (a start that is also an inner step of another
-    slice in the batch takes the slice priority).
+    slice in the batch takes the slice priority). A Sequence window is a slice whose start
+    is its anchor and whose counted steps are its learning ones (``LOSS_MASK_KEY``).
 
     A slice overwritten, even in part, since it was sampled (the ring buffer wrapped, or a
     worker's data landed in between) keeps its own priorities: a slot's generation no
@@ -127,10 +174,43 @@ def write_priorities(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> 
     live = (current == generation).all(dim=1)
     if isinstance(buffer.sampler, PrioritizedSampler) and live.any():
         priority = steps[PRIORITY_KEY].reshape(steps.shape)[live]
+        keys = steps.keys()
+        counted = steps[LOSS_MASK_KEY][live] if LOSS_MASK_KEY in keys else None
+        starts = (steps["anchor_index"] if "anchor_index" in keys else index)[live][:, 0]
         index = index[live]
+        steps_counted = torch.ones_like(index, dtype=torch.bool) if counted is None else counted
         # Starts last: where an index appears twice, the last write wins.
         buffer.update_priority(
-            torch.cat([index.reshape(-1), index[:, 0]]),
-            torch.cat([priority.reshape(-1), slice_priorities(priority)]),
+            torch.cat([index[steps_counted], starts]),
+            torch.cat([priority[steps_counted], slice_priorities(priority, counted)]),
         )
     return int((~live).sum())
+
+
+def recurrent_state_drift(sequences: TensorDictBase, states: TensorDictBase) -> float:
+    """How far the stored recurrent states of the sampled records are from ``states``,
+    the ones the learner recomputed: the mean absolute difference over valid records."""
+    valid = sequences.get("validity_mask", None)
+    if valid is None:
+        valid = torch.ones(sequences.shape, dtype=torch.bool, device=sequences.device)
+    gaps = [(sequences[key] - states[key]).abs().mean(dim=(-2, -1)) for key in RECURRENT_STATE_KEYS]
+    return torch.stack(gaps).mean(dim=0)[valid].mean().item()
+
+
+def write_recurrent_states(
+    buffer: TensorDictReplayBuffer, sequences: TensorDictBase, states: TensorDictBase
+) -> int:
+    """Write the recomputed recurrent ``states`` (and the next ones) of the sampled valid
+    records into the buffer, with ``update_if_present``: a record whose slot was
+    overwritten since it was sampled (its generation changed) is left alone. Returns how
+    many records were written."""
+    valid = sequences.get("validity_mask", None)
+    if valid is None:
+        valid = torch.ones(sequences.shape, dtype=torch.bool, device=sequences.device)
+    keys = [*RECURRENT_STATE_KEYS, *(("next", key) for key in RECURRENT_STATE_KEYS)]
+    result = buffer.update_if_present(
+        index=sequences["index"][valid].cpu(),
+        generation=sequences["index_generation"][valid].cpu(),
+        patch={key: states[key][valid].cpu() for key in keys},
+    )
+    return int(result.updated.sum())

@@ -56,6 +56,13 @@ def dqn_run(tmp_path_factory) -> Path:
     return trained(tmp_path_factory.mktemp("dqn"), "dqn_cartpole")
 
 
+@pytest.fixture(scope="module")
+def recurrent_dqn_run(tmp_path_factory) -> Path:
+    """Recurrent DQN on masked CartPole: evaluation and play carry its LSTM state."""
+    small = ["network.hidden_sizes=[16]", "network.lstm_size=8", "replay.burn_in=2"]
+    return trained(tmp_path_factory.mktemp("rdqn"), "rdqn_cartpole_masked", *small)
+
+
 def listing(run_dir: Path) -> dict[str, tuple[int, int]]:
     return {
         str(path.relative_to(run_dir)): (path.stat().st_mtime_ns, path.stat().st_size)
@@ -82,7 +89,7 @@ def play_in_a_fresh_process(run_dir: Path, checkpoint: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("run", ["sac_run", "dqn_run"])
+@pytest.mark.parametrize("run", ["sac_run", "dqn_run", "recurrent_dqn_run"])
 def test_playing_a_checkpoint_gives_the_returns_its_evaluation_recorded(run, request) -> None:
     run_dir: Path = request.getfixturevalue(run)
     before = listing(run_dir.parent)  # the run and anything that could appear beside it

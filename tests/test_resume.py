@@ -70,16 +70,22 @@ def strip_wall_time(row: dict) -> dict:
 # -- determinism and exact resume --------------------------------------------------------
 
 
-# Value targets, one per estimator family: one-step, and multi-step over each slice.
-TARGETS = ["optim.target=td0", "optim.target=td_lambda"]
+# Value targets, one per estimator family: one-step, and multi-step over each slice; and a
+# recurrent DQN learning from Sequence windows, on MountainCar, whose random episodes all
+# last 200 steps (a batch, as Pendulum's do).
+RECURRENT_DQN = (
+    "algo=dqn env.name=MountainCar-v0 network.recurrent=lstm network.lstm_size=8 "
+    "replay.sampler=prioritized_sequence replay.burn_in=4 optim.target=td_lambda"
+)
+TARGETS = ["optim.target=td0", "optim.target=td_lambda", RECURRENT_DQN]
 
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_same_seed_gives_identical_parameters_and_metrics(
     target: str, tiny_config, tmp_path: Path
 ) -> None:
-    first = train_in_process(tiny_config(target, run_dir=tmp_path / "a"))
-    second = train_in_process(tiny_config(target, run_dir=tmp_path / "b"))
+    first = train_in_process(tiny_config(*target.split(), run_dir=tmp_path / "a"))
+    second = train_in_process(tiny_config(*target.split(), run_dir=tmp_path / "b"))
     assert first[0].keys() == second[0].keys()
     for key in first[0]:
         assert torch.equal(first[0][key], second[0][key]), key
@@ -94,11 +100,11 @@ def test_resume_at_an_episode_boundary_matches_the_uninterrupted_run(
     # Pendulum episodes last 200 steps and batches hold 200 frames: the stop at 800 frames
     # falls on an episode boundary.
     alone = train_in_process(
-        tiny_config(target, "collector.total_frames=1600", run_dir=tmp_path / "a")
+        tiny_config(*target.split(), "collector.total_frames=1600", run_dir=tmp_path / "a")
     )
 
     interrupted = tmp_path / "b"
-    train(tiny_config(target, "collector.total_frames=800", run_dir=interrupted))
+    train(tiny_config(*target.split(), "collector.total_frames=800", run_dir=interrupted))
     resumed = load_config("default", [f"run_dir={interrupted}", "collector.total_frames=1600"])
     assert resumed.network.hidden_sizes == [32, 32]  # the saved config, not the preset
     run = build_run(resumed, resuming=True)

@@ -233,7 +233,7 @@ def test_a_slice_of_one_step_is_plain_td0_with_prioritized_replay(
 def test_a_multi_step_target_without_slices_is_a_config_error(
     sampler: str, target: str, tiny_config
 ) -> None:
-    with pytest.raises(ConfigError, match=rf"optim\.target='{target}' needs a slice sampler"):
+    with pytest.raises(ConfigError, match=rf"optim\.target='{target}' needs a sequence sampler"):
         tiny_config(f"optim.target={target}", f"replay.sampler={sampler}")
 
 

@@ -18,8 +18,8 @@ from tensordict import TensorDictBase
 from tensordict.nn import CudaGraphModule, TensorDictModuleBase
 from torchrl.objectives import LossModule, ValueEstimators
 
-from rl_app.config import OptimConfig
-from rl_app.replay import PRIORITY_KEY
+from rl_app.config import OptimConfig, ReplayConfig
+from rl_app.replay import LOSS_MASK_KEY, PRIORITY_KEY
 
 # optim.target -> TorchRL's estimator. Over a [slices, slice_len] batch TD1 sums the
 # discounted rewards up to the slice end and bootstraps there: an n-step return with n the
@@ -83,6 +83,13 @@ class Algorithm(abc.ABC):
         default: a stochastic policy explores by itself)."""
         return
 
+    def recurrent_states(self, sequences: TensorDictBase) -> TensorDictBase | None:
+        """The recurrent state each record of the sampled ``[sequences, steps]`` would act
+        with under the current weights (``RECURRENT_STATE_KEYS`` of :mod:`rl_app.envs`,
+        and the state after it under ``"next"``), unrolled from each sequence's first
+        stored state: what refreshes the stored states. None: no recurrent network."""
+        return None
+
     @abc.abstractmethod
     def checkpoint_components(self) -> dict[str, Any]:
         """Everything of the algorithm a resume needs (networks, target networks,
@@ -99,6 +106,14 @@ def make_value_estimator(loss: LossModule, optim: OptimConfig) -> None:
     if optim.target == "td_lambda":
         hyperparams["lmbda"] = optim.lmbda
     loss.make_value_estimator(VALUE_ESTIMATORS[optim.target], **hyperparams)
+
+
+def mask_padded_steps(loss: LossModule, replay: ReplayConfig) -> None:
+    """With TorchRL's Sequence windows (``replay.sampler=prioritized_sequence``) the loss
+    counts only the steps under ``LOSS_MASK_KEY``: learning steps of the sampled episode,
+    neither burn-in steps nor the padding past an episode end (:mod:`rl_app.replay`)."""
+    if replay.sampler == "prioritized_sequence":
+        loss.loss_mask_key = LOSS_MASK_KEY
 
 
 def make_adam(parameters: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Adam:

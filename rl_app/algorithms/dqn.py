@@ -1,5 +1,9 @@
 """DQN for discrete actions: a Q-network acting greedily, with epsilon-greedy exploration
-annealed over collected frames and a target network copied every few updates."""
+annealed over collected frames and a target network copied every few updates.
+
+With ``network.recurrent=lstm`` the Q-network is recurrent (an MLP embedding, an LSTM, a
+linear Q-head): it acts with its state carried through the episode by the env (stored with
+every frame), and learns from sampled sequences, unrolled from each one's stored state."""
 
 from __future__ import annotations
 
@@ -9,11 +13,18 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictSequential
+from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequential
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import EnvBase
-from torchrl.modules import MLP, EGreedyModule, QValueActor
+from torchrl.modules import (
+    MLP,
+    EGreedyModule,
+    LSTMModule,
+    QValueActor,
+    QValueModule,
+    set_recurrent_mode,
+)
 from torchrl.objectives import DQNLoss, HardUpdate
 
 from rl_app.algorithms.base import (
@@ -22,9 +33,53 @@ from rl_app.algorithms.base import (
     loss_function,
     make_adam,
     make_value_estimator,
+    mask_padded_steps,
 )
 from rl_app.config import Config, DQNConfig, NetworkConfig
+from rl_app.envs import RECURRENT_STATE_KEYS
 from rl_app.replay import PRIORITY_KEY
+
+
+def make_qvalue_actor(
+    network: NetworkConfig, observation_dim: int, action_spec: TensorSpec
+) -> TensorDictModuleBase:
+    """Observation -> Q-value of every action -> greedy action: an MLP, or with
+    ``network.recurrent=lstm`` an MLP embedding, an LSTM and a linear Q-head.
+
+    The LSTM reads its state from ``RECURRENT_STATE_KEYS`` and writes the next one under
+    ``("next", key)``; one step at a time it starts from zeros where ``is_init`` marks an
+    episode start. In recurrent mode (``set_recurrent_mode(True)``) it unrolls a
+    ``[sequences, steps]`` batch from each sequence's first stored state."""
+    actions = action_spec.shape[-1]
+    if network.recurrent == "none":
+        qnetwork = MLP(
+            in_features=observation_dim,
+            out_features=actions,
+            num_cells=network.hidden_sizes,
+            activation_class=nn.ReLU,
+        )
+        return QValueActor(qnetwork, in_keys=["observation"], spec=action_spec)
+    embedding = MLP(
+        in_features=observation_dim,
+        out_features=network.hidden_sizes[-1],
+        num_cells=network.hidden_sizes[:-1],
+        activation_class=nn.ReLU,
+        activate_last_layer=True,
+    )
+    lstm = LSTMModule(
+        input_size=network.hidden_sizes[-1],
+        hidden_size=network.lstm_size,
+        in_keys=["embedding", *RECURRENT_STATE_KEYS],
+        out_keys=["features", *(("next", key) for key in RECURRENT_STATE_KEYS)],
+    )
+    return TensorDictSequential(
+        TensorDictModule(embedding, in_keys=["observation"], out_keys=["embedding"]),
+        lstm,
+        TensorDictModule(
+            nn.Linear(network.lstm_size, actions), in_keys=["features"], out_keys=["action_value"]
+        ),
+        QValueModule(spec=action_spec),
+    )
 
 
 def make_policy(
@@ -40,13 +95,7 @@ def make_policy(
     The exploration step acts only when the policy explores (collection); evaluation runs
     it deterministically, which leaves the greedy action. ``env`` is accepted and unused
     because TorchRL's Evaluator calls policy factories with the evaluation env."""
-    qnetwork = MLP(
-        in_features=observation_dim,
-        out_features=action_spec.shape[-1],
-        num_cells=network.hidden_sizes,
-        activation_class=nn.ReLU,
-    )
-    actor = QValueActor(qnetwork, in_keys=["observation"], spec=action_spec)
+    actor = make_qvalue_actor(network, observation_dim, action_spec)
     explore = EGreedyModule(
         action_spec,
         eps_init=dqn.eps_start,
@@ -64,15 +113,21 @@ class DQN(Algorithm):
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._network = config.network
         self._dqn = config.dqn
+        self._recurrent = config.network.recurrent != "none"
         self.policy = make_policy(
             config.network, config.dqn, self._observation_dim, self._action_spec
         ).to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
         self.loss = DQNLoss(
-            actor, delay_value=True, double_dqn=config.dqn.double, loss_function=config.dqn.loss
+            actor,
+            delay_value=True,
+            double_dqn=config.dqn.double,
+            loss_function=config.dqn.loss,
+            action_space=self._action_spec,
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
         make_value_estimator(self.loss, config.optim)
+        mask_padded_steps(self.loss, config.replay)
         self.target_updater = HardUpdate(
             self.loss, value_network_update_interval=config.dqn.target_update_interval
         )
@@ -86,7 +141,9 @@ class DQN(Algorithm):
         )
 
     def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
-        losses = self.compute_losses(batch)
+        # A recurrent Q-network unrolls each sampled sequence (no effect on an MLP).
+        with set_recurrent_mode(self._recurrent):
+            losses = self.compute_losses(batch)
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         if self._dqn.max_grad_norm > 0:
@@ -101,6 +158,27 @@ class DQN(Algorithm):
 
     def after_collect(self, new_frames: int) -> None:
         self.exploration.step(new_frames)
+
+    @torch.no_grad()
+    def recurrent_states(self, sequences: TensorDictBase) -> TensorDictBase | None:
+        if not self._recurrent:
+            return None
+        embedding, lstm = self.policy[0][0], self.policy[0][1]
+        steps = embedding(sequences.select("observation", "is_init", *RECURRENT_STATE_KEYS))
+        carried = steps[:, 0].select(*RECURRENT_STATE_KEYS)
+        before, after = [], []
+        for t in range(steps.shape[1]):
+            step = steps[:, t].exclude(*RECURRENT_STATE_KEYS)
+            if t > 0:  # an episode start inside the window acts with zeros, as reset stores
+                start = step["is_init"].reshape(-1, 1, 1)
+                carried = carried.apply(lambda state, start=start: state.masked_fill(start, 0.0))
+            step.update(carried)
+            before.append(step.select(*RECURRENT_STATE_KEYS))
+            carried = lstm(step)["next"].select(*RECURRENT_STATE_KEYS)
+            after.append(carried)
+        states = torch.stack(before, dim=1)
+        states["next"] = torch.stack(after, dim=1)
+        return states
 
     def checkpoint_components(self) -> dict[str, Any]:
         # The loss module holds the Q-network and its target; the exploration module its

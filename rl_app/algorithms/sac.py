@@ -21,6 +21,7 @@ from rl_app.algorithms.base import (
     loss_function,
     make_adam,
     make_value_estimator,
+    mask_padded_steps,
 )
 from rl_app.config import Config, NetworkConfig
 from rl_app.replay import PRIORITY_KEY
@@ -90,6 +91,7 @@ class SAC(Algorithm):
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
         make_value_estimator(self.loss, config.optim)
+        mask_padded_steps(self.loss, config.replay)
         self.target_updater = SoftUpdate(self.loss, tau=config.sac.tau)
         # One optimizer over actor, critics and temperature: each loss term only reaches
         # its own parameters (SACLoss detaches the others), so the summed loss is exact.

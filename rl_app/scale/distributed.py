@@ -171,7 +171,10 @@ def make_collection_jobs(config: Config, policy_factory: Any, devices: Any) -> S
         name=f"{run_dir.name}-collect",
     )
     return SlurmCollectionJobs(
-        [env_factory(config.env, worker_seed(config.seed, node)) for node in range(settings.nodes)],
+        [
+            env_factory(config.env, worker_seed(config.seed, node), network=config.network)
+            for node in range(settings.nodes)
+        ],
         policy_factory=policy_factory,
         frames_per_batch=settings.frames_per_batch,
         collector_class=Collector,

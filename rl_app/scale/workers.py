@@ -29,7 +29,7 @@ def make_worker_collector(
     settings = config.collector
     return Collector(
         [
-            env_factory(config.env, worker_seed(config.seed, worker))
+            env_factory(config.env, worker_seed(config.seed, worker), network=config.network)
             for worker in range(settings.workers)
         ],
         policy_factory=functools.partial(make_guarded_policy, policy_factory),
