@@ -22,13 +22,18 @@ ffmpeg: ## FFmpeg's libraries for MP4 videos (installs Debian's ffmpeg when miss
 train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
 	$(PY) train.py $(ARGS)
 
+# Tests run in one process per CPU core (TEST_JOBS=0: all in this one process); the SLURM
+# tests share one process, as they share the cluster.
+TEST_JOBS ?= auto
+PARALLEL := -n $(TEST_JOBS) --dist loadgroup
+
 test: venv ffmpeg ## The whole suite, learning checks included; starts the local SLURM cluster first
 	@$(MAKE) --no-print-directory slurm-up || \
 		echo "local SLURM cluster not started (reason above): slurm tests skip (fail when CI is set)"
-	$(PY) -m pytest -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -rs $(PARALLEL) $(PYTEST_ARGS)
 
 test-fast: venv ffmpeg ## Everything but the minutes-long learning checks and the SLURM cluster tests
-	$(PY) -m pytest -m "not slow and not slurm" $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not slurm" $(PARALLEL) $(PYTEST_ARGS)
 
 bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
 	$(PY) -m tools.bench $(ARGS)

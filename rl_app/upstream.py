@@ -11,6 +11,7 @@ deleted) once TorchRL changes that behaviour. Nothing else in rl_app touches a p
 3. :class:`ExecutorDistributedCollector`, :func:`weight_sync_kept_open`,
    :func:`undo_trajectory_id_shifts`, ``UNBOUNDED_FRAMES``: the distributed collector's
    address, executor, join timeout, endless iteration, shutdown and trajectory ids.
+4. :func:`unrolling_view`: an LSTM unrolling a sequence overwrites the stored next states.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from typing import Any
 
 import gymnasium as gym
 import torch
-from tensordict.nn import TensorDictModuleBase
+from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
 from torchrl.envs import EnvBase
+from torchrl.modules import LSTMModule
 from torchrl.weight_update import MultiProcessWeightSyncScheme
 
 log = logging.getLogger("rl_app")
@@ -190,3 +192,29 @@ def undo_trajectory_id_shifts(ids: torch.Tensor) -> torch.Tensor:
     for node in range(ids.shape[0] - 1, 0, -1):  # last first: each shift used the one before
         ids[node] -= ids[node - 1].max()
     return ids
+
+
+# -- 4. an LSTM unrolled over sequences -----------------------------------------------------
+
+
+def unrolling_view(network: TensorDictSequential) -> TensorDictSequential:
+    """``network`` as a loss unrolls it over ``[sequences, steps]``: the same modules and
+    weights, but its LSTM writes the states it reaches under keys of its own.
+
+    In recurrent mode TorchRL's ``LSTMModule`` writes the state it reached only at the
+    last step, zeros before it, under its out_keys ``("next", state key)``: inside a loss
+    those would replace the stored next states that the next states' values unroll from
+    (``DQNLoss`` takes its next states from the same tensordict). Acting one step at a time,
+    the policy still writes ``("next", state key)``, which the env carries to the next step.
+    Test: ``test_an_unrolled_lstm_still_writes_zeros_before_the_last_step``."""
+    modules = []
+    for module in network:
+        if isinstance(module, LSTMModule):
+            states = [key if isinstance(key, str) else key[-1] for key in module.in_keys[1:3]]
+            module = LSTMModule(
+                lstm=module.lstm,
+                in_keys=module.in_keys[:3],
+                out_keys=[module.out_keys[0], *(f"unrolled_{key}" for key in states)],
+            )
+        modules.append(module)
+    return TensorDictSequential(*modules)

@@ -13,6 +13,15 @@ from rl_app.config import Config, load_config
 from tests.helpers import TINY_RUN, UP_SCRIPT
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """With ``pytest -n N --dist loadgroup`` (``make test``), the SLURM tests run in one
+    worker, one after the other: they share the one local cluster and its CPUs."""
+    for item in items:
+        if item.get_closest_marker("slurm") is not None:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
 @pytest.fixture
 def tiny_config(tmp_path: Path):
     """``tiny_config(*overrides)``: a validated tiny :class:`Config` writing under tmp_path."""

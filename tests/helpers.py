@@ -39,6 +39,17 @@ TINY_RUN = [
     "eval.episodes=2",
     "logger.backend=none",
 ]
+# TINY_RUN's overrides for a recurrent DQN learning from Sequence windows, on MountainCar,
+# whose random episodes all last 200 steps (a batch, as Pendulum's do).
+RECURRENT_DQN = [
+    "algo=dqn",
+    "env.name=MountainCar-v0",
+    "network.recurrent=lstm",
+    "network.lstm_size=8",
+    "replay.sampler=prioritized_sequence",
+    "replay.burn_in=4",
+    "optim.target=td_lambda",
+]
 FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL")
 
 

@@ -80,6 +80,31 @@ def test_each_stored_frame_holds_the_state_its_action_was_taken_with(recurrent) 
             state = replayed["next"].select(*RECURRENT_STATE_KEYS)
 
 
+def test_the_loss_unrolls_states_and_next_states_as_they_were_acted_with(recurrent) -> None:
+    config, algorithm, play, _ = recurrent("optim.target=td0")
+    buffer = make_replay_buffer(config.replay, Path(config.run_dir) / "replay-q", 0)
+    buffer.extend(play.select(*algorithm.replay_keys(), TRAJECTORY_KEY, "action_value"))
+    batch = sample_batches(buffer, config.replay, 240, 1)[0]
+    acted = batch.pop("action_value")  # the Q-values each frame's action was chosen from
+    valid = batch["validity_mask"]
+    with set_recurrent_mode(True), torch.no_grad():
+        unrolled = algorithm.loss.value_network(batch.clone())["action_value"]
+    assert torch.allclose(unrolled[valid], acted[valid], atol=1e-5)
+
+    # The TD target of step t bootstraps from the Q-values acted with at step t + 1 (the
+    # target network is still a copy): the next states unroll from the stored next state.
+    algorithm.update(batch)  # writes the squared TD errors, computed before the step
+    action = batch["action"].argmax(-1, keepdim=True)
+    predicted = acted.gather(-1, action).squeeze(-1)
+    reward = batch["next", "reward"].squeeze(-1)
+    target = reward[:, :-1] + config.optim.gamma * acted[:, 1:].amax(-1)
+    following = valid[:, :-1] & valid[:, 1:] & ~batch["next", "done"].squeeze(-1)[:, :-1]
+    assert following.sum() > 50
+    td_error = batch[PRIORITY_KEY].reshape(batch.shape)[:, :-1]
+    expected = (predicted[:, :-1] - target) ** 2
+    assert torch.allclose(td_error[following], expected[following], rtol=1e-4, atol=1e-5)
+
+
 def loss_and_grads(algorithm, batch: TensorDict) -> tuple[torch.Tensor, list[torch.Tensor]]:
     algorithm.optimizer.zero_grad()
     with set_recurrent_mode(True):
@@ -187,12 +212,18 @@ def test_sequence_priorities_follow_the_documented_rule_and_steer_sampling(recur
     assert after > 0.3 and after > 10 * before, f"share went from {before:.3f} to {after:.3f}"
 
 
-def test_a_recurrent_run_trains_with_worker_processes_and_logs_state_drift(
-    tiny_config, tmp_path: Path
+@pytest.mark.parametrize(
+    "how",
+    [
+        ["collector.mode=sync"],  # worker processes carry their own states
+        ["replay.sampler=prioritized_slice", "replay.burn_in=0"],  # slices, unrolled whole
+    ],
+    ids=["sequences-sync-workers", "slices"],
+)
+def test_a_recurrent_run_trains_and_refreshes_its_stored_states(
+    how: list[str], tiny_config, tmp_path: Path
 ) -> None:
-    config = tiny_config(
-        *TINY_RECURRENT, "collector.mode=sync", "collector.total_frames=800", preset=PRESET
-    )
+    config = tiny_config(*TINY_RECURRENT, *how, "collector.total_frames=800", preset=PRESET)
     result = train(config)
     assert result.frames == 800 and result.last_checkpoint is not None
     rows = [row for row in read_metrics(Path(config.run_dir)) if "train/state_drift" in row]

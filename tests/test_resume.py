@@ -19,7 +19,7 @@ from rl_app.config import ConfigError, load_config
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, build_run, run_iterations, train
 from tests import faulty_envs
-from tests.helpers import PYTHON, TINY_RUN, TRAIN_PY, run_files
+from tests.helpers import PYTHON, RECURRENT_DQN, TINY_RUN, TRAIN_PY, run_files
 
 
 def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -71,21 +71,20 @@ def strip_wall_time(row: dict) -> dict:
 
 
 # Value targets, one per estimator family: one-step, and multi-step over each slice; and a
-# recurrent DQN learning from Sequence windows, on MountainCar, whose random episodes all
-# last 200 steps (a batch, as Pendulum's do).
-RECURRENT_DQN = (
-    "algo=dqn env.name=MountainCar-v0 network.recurrent=lstm network.lstm_size=8 "
-    "replay.sampler=prioritized_sequence replay.burn_in=4 optim.target=td_lambda"
-)
-TARGETS = ["optim.target=td0", "optim.target=td_lambda", RECURRENT_DQN]
+# recurrent DQN on sequences.
+TARGETS = {
+    "td0": ["optim.target=td0"],
+    "td_lambda": ["optim.target=td_lambda"],
+    "recurrent_dqn": RECURRENT_DQN,
+}
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TARGETS.values(), ids=TARGETS)
 def test_same_seed_gives_identical_parameters_and_metrics(
-    target: str, tiny_config, tmp_path: Path
+    target: list[str], tiny_config, tmp_path: Path
 ) -> None:
-    first = train_in_process(tiny_config(*target.split(), run_dir=tmp_path / "a"))
-    second = train_in_process(tiny_config(*target.split(), run_dir=tmp_path / "b"))
+    first = train_in_process(tiny_config(*target, run_dir=tmp_path / "a"))
+    second = train_in_process(tiny_config(*target, run_dir=tmp_path / "b"))
     assert first[0].keys() == second[0].keys()
     for key in first[0]:
         assert torch.equal(first[0][key], second[0][key]), key
@@ -93,18 +92,18 @@ def test_same_seed_gives_identical_parameters_and_metrics(
     assert [strip_wall_time(row) for row in first[2]] == [strip_wall_time(row) for row in second[2]]
 
 
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", TARGETS.values(), ids=TARGETS)
 def test_resume_at_an_episode_boundary_matches_the_uninterrupted_run(
-    target: str, tiny_config, tmp_path: Path
+    target: list[str], tiny_config, tmp_path: Path
 ) -> None:
-    # Pendulum episodes last 200 steps and batches hold 200 frames: the stop at 800 frames
-    # falls on an episode boundary.
+    # Pendulum's and random MountainCar's episodes last 200 steps and batches hold 200
+    # frames: the stop at 800 frames falls on an episode boundary.
     alone = train_in_process(
-        tiny_config(*target.split(), "collector.total_frames=1600", run_dir=tmp_path / "a")
+        tiny_config(*target, "collector.total_frames=1600", run_dir=tmp_path / "a")
     )
 
     interrupted = tmp_path / "b"
-    train(tiny_config(*target.split(), "collector.total_frames=800", run_dir=interrupted))
+    train(tiny_config(*target, "collector.total_frames=800", run_dir=interrupted))
     resumed = load_config("default", [f"run_dir={interrupted}", "collector.total_frames=1600"])
     assert resumed.network.hidden_sizes == [32, 32]  # the saved config, not the preset
     run = build_run(resumed, resuming=True)

@@ -23,6 +23,7 @@ from rl_app.scale.launch import read_array_summary
 from tests.helpers import (
     FINAL_STATES,
     PYTHON,
+    RECURRENT_DQN,
     TINY_RUN,
     TRAIN_PY,
     hold_lock_in_another_process,
@@ -90,11 +91,12 @@ def assert_frames_continuous(run_dir: Path, step: int, last: int) -> list[dict]:
 # -- a job that runs to the end -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("agent", [[], RECURRENT_DQN], ids=["sac", "recurrent_dqn"])
 def test_a_submitted_job_trains_to_the_end_with_metrics_and_checkpoints(
-    launch, tmp_path: Path
+    agent: list[str], launch, tmp_path: Path
 ) -> None:
     run_dir = tmp_path / "run"
-    (job_id,) = launch(run_dir)
+    (job_id,) = launch(run_dir, *agent)
     assert (run_dir / "config.yaml").is_file()  # the run directory exists from submission on
     assert wait_until_done(job_id, timeout=120) == "COMPLETED"
 

@@ -8,15 +8,23 @@ import inspect
 
 import pytest
 import torch
+from tensordict import TensorDict
+from tensordict.nn import TensorDictSequential
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
 from torchrl.envs.utils import RandomPolicy
+from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.weight_update import MultiProcessWeightSyncScheme
 
 from rl_app.config import EnvConfig
 from rl_app.envs import ReplayableReset, env_factory, make_env
-from rl_app.upstream import GuardedWeightSyncScheme, gymnasium_env, undo_trajectory_id_shifts
+from rl_app.upstream import (
+    GuardedWeightSyncScheme,
+    gymnasium_env,
+    undo_trajectory_id_shifts,
+    unrolling_view,
+)
 from tests import faulty_envs
 
 
@@ -91,3 +99,28 @@ def test_async_collector_raises_naming_a_worker_that_failed() -> None:
                 pass
     finally:
         collector.shutdown()
+
+
+def test_an_unrolled_lstm_still_writes_zeros_before_the_last_step() -> None:
+    lstm = LSTMModule(
+        input_size=3,
+        hidden_size=4,
+        in_keys=["x", "h", "c"],
+        out_keys=["y", ("next", "h"), ("next", "c")],
+    )
+    steps = TensorDict(
+        {
+            "x": torch.randn(2, 5, 3),
+            "h": torch.randn(2, 5, 1, 4),
+            "c": torch.randn(2, 5, 1, 4),
+            "is_init": torch.zeros(2, 5, 1, dtype=torch.bool),
+        },
+        [2, 5],
+    )
+    with set_recurrent_mode(True):
+        out = lstm(steps.clone())
+    assert (out["next", "h"][:, :-1] == 0).all() and (out["next", "h"][:, -1] != 0).any()
+    # The view keeps the stored next states and gives the same outputs.
+    with set_recurrent_mode(True):
+        viewed = unrolling_view(TensorDictSequential(lstm))(steps.clone())
+    assert "next" not in viewed.keys() and torch.equal(viewed["y"], out["y"])

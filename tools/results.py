@@ -1,8 +1,10 @@
 """``make results`` (``python -m tools.results``): the shipped presets over several seeds.
 
-Each (preset, seed) trains in ``runs/results/<preset>-seed<seed>`` (a run already complete
+An entry is a preset, or a preset with overrides (``ENTRIES``: e.g. the feed-forward DQN on
+the masked CartPole the recurrent preset learns). Each (entry, seed) trains in
+``runs/results/<entry>-seed<seed>`` (a run already complete
 there is not trained again: ``train`` finds its checkpoint and returns). The summary, per
-preset, is ``rl_app.compare``'s: final and best evaluation return (mean ± std over seeds),
+entry, is ``rl_app.compare``'s: final and best evaluation return (mean ± std over seeds),
 frames and wall time, written to ``results.json`` and ``results.md`` next to the runs, and
 the learning curves (mean and 95% bootstrap interval over seeds) to ``--figure``.
 """
@@ -20,17 +22,27 @@ from rl_app.compare import markdown_table, plot_comparison, read_run, summarize_
 from rl_app.config import load_config
 from rl_app.loop import train
 
-PRESETS = ("default", "dqn_cartpole")
+# name -> (preset, overrides)
+ENTRIES = {
+    "default": ("default", []),
+    "dqn_cartpole": ("dqn_cartpole", []),
+    "rdqn_cartpole_masked": ("rdqn_cartpole_masked", []),
+    # The feed-forward DQN on the same partial observations, for the same frames.
+    "dqn_cartpole_masked": (
+        "dqn_cartpole",
+        ["env.observation_indices=[0,2]", "collector.total_frames=200000"],
+    ),
+}
 SEEDS = (1, 2, 3, 4, 5)
 
 
-def run_dir_of(root: Path, preset: str, seed: int) -> Path:
-    return root / f"{preset}-seed{seed}"
+def run_dir_of(root: Path, entry: str, seed: int) -> Path:
+    return root / f"{entry}-seed{seed}"
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--presets", nargs="+", default=list(PRESETS))
+    parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=list(ENTRIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     parser.add_argument("--root", type=Path, default=Path("runs/results"))
     parser.add_argument("--figure", type=Path, default=Path("docs/results.png"))
@@ -38,14 +50,16 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     summary = {}
-    for preset in args.presets:
-        runs = [run_dir_of(args.root, preset, seed) for seed in args.seeds]
+    for name in args.entries:
+        preset, overrides = ENTRIES[name]
+        runs = [run_dir_of(args.root, name, seed) for seed in args.seeds]
         for seed, run in zip(args.seeds, runs, strict=True):
-            train(load_config(preset, [f"seed={seed}", f"run_dir={run}", "logger.backend=none"]))
-        summary[preset] = summarize_group(preset, [read_run(run) for run in runs])
+            settings = [*overrides, f"seed={seed}", f"run_dir={run}", "logger.backend=none"]
+            train(load_config(preset, settings))
+        summary[name] = summarize_group(name, [read_run(run) for run in runs])
     (args.root / "results.json").write_text(
         json.dumps(
-            {preset: dataclasses.asdict(group) for preset, group in summary.items()}, indent=2
+            {name: dataclasses.asdict(group) for name, group in summary.items()}, indent=2
         )
     )
     table = markdown_table(list(summary.values()))

@@ -38,6 +38,7 @@ from rl_app.algorithms.base import (
 from rl_app.config import Config, DQNConfig, NetworkConfig
 from rl_app.envs import RECURRENT_STATE_KEYS
 from rl_app.replay import PRIORITY_KEY
+from rl_app.upstream import unrolling_view
 
 
 def make_qvalue_actor(
@@ -119,7 +120,7 @@ class DQN(Algorithm):
         ).to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
         self.loss = DQNLoss(
-            actor,
+            unrolling_view(actor) if self._recurrent else actor,
             delay_value=True,
             double_dqn=config.dqn.double,
             loss_function=config.dqn.loss,
