@@ -2,8 +2,9 @@
 annealed over collected frames and a target network copied every few updates.
 
 With ``network.recurrent=lstm`` the Q-network is recurrent (an MLP embedding, an LSTM, a
-linear Q-head): it acts with its state carried through the episode by the env (stored with
-every frame), and learns from sampled sequences, unrolled from each one's stored state."""
+one-layer MLP Q-head): it acts with its state carried through the episode by the env
+(stored with every frame), and learns from sampled sequences, unrolled from each one's
+stored state."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def make_qvalue_actor(
     network: NetworkConfig, observation_dim: int, action_spec: TensorSpec
 ) -> TensorDictModuleBase:
     """Observation -> Q-value of every action -> greedy action: an MLP, or with
-    ``network.recurrent=lstm`` an MLP embedding, an LSTM and a linear Q-head.
+    ``network.recurrent=lstm`` an MLP embedding, an LSTM and a one-layer MLP Q-head.
 
     The LSTM reads its state from ``RECURRENT_STATE_KEYS`` and writes the next one under
     ``("next", key)``; one step at a time it starts from zeros where ``is_init`` marks an
@@ -73,12 +74,18 @@ def make_qvalue_actor(
         in_keys=["embedding", *RECURRENT_STATE_KEYS],
         out_keys=["features", *(("next", key) for key in RECURRENT_STATE_KEYS)],
     )
+    # A ReLU layer after the LSTM: its outputs are bounded, Q-values (tens to a hundred in
+    # CartPole) are not, and a linear head alone scales up to them slowly.
+    head = MLP(
+        in_features=network.lstm_size,
+        out_features=actions,
+        num_cells=network.hidden_sizes[-1:],
+        activation_class=nn.ReLU,
+    )
     return TensorDictSequential(
         TensorDictModule(embedding, in_keys=["observation"], out_keys=["embedding"]),
         lstm,
-        TensorDictModule(
-            nn.Linear(network.lstm_size, actions), in_keys=["features"], out_keys=["action_value"]
-        ),
+        TensorDictModule(head, in_keys=["features"], out_keys=["action_value"]),
         QValueModule(spec=action_spec),
     )
 
