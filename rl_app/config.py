@@ -69,6 +69,11 @@ class EnvConfig:
     num_envs: int = setting(
         1, "envs stepped as one batch by each collector (a vector env)", at_least=1
     )
+    normalize_observations: bool = setting(
+        False,
+        "shift and scale observations to zero mean and unit variance, with statistics of "
+        "random play from a fixed seed (TorchRL's ObservationNorm; the same in every env)",
+    )
     observation_indices: list[int] | None = setting(  # noqa: RUF009
         None,
         "keep only these entries of a Box observation, e.g. [0, 2]: CartPole without its "

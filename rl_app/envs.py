@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -16,6 +17,7 @@ from torchrl.envs import (
     EnvBase,
     GymWrapper,
     InitTracker,
+    ObservationNorm,
     RewardSum,
     StepCounter,
     TensorDictPrimer,
@@ -31,6 +33,10 @@ EVAL_SEED_OFFSET = 1_000_003
 # adds it to the specs, zeros at every reset), so every stored frame holds the state its
 # action was taken with, under these keys, and the one after it under ("next", key).
 RECURRENT_STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
+# ObservationNorm's statistics come from this many steps of random play, from this seed, in
+# every env of every run: all of a run's envs (workers, evaluation, play) normalize alike.
+NORMALIZATION_FRAMES = 2_000
+NORMALIZATION_SEED = 0
 # Collector i (a worker process or a collection job) seeds its env with seed + i * stride:
 # distinct, reproducible episodes.
 WORKER_SEED_STRIDE = 10_007
@@ -115,8 +121,29 @@ def make_env(
     if network is not None and network.recurrent != "none":
         transforms.append(recurrent_state_primer(network))
     transformed = TransformedEnv(base, Compose(*transforms))
+    if env.normalize_observations:
+        loc, scale = observation_statistics(env)
+        transformed.append_transform(
+            ObservationNorm(loc, scale, in_keys=["observation"], standard_normal=True)
+        )
     transformed.set_seed(seed)
     return transformed
+
+
+def observation_statistics(env: EnvConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation of the observations over ``NORMALIZATION_FRAMES`` steps of
+    random play in one env seeded ``NORMALIZATION_SEED`` (TorchRL's ``init_stats``), drawn
+    apart from the global random state: the same for every env of a run."""
+    probe = make_env(
+        dataclasses.replace(env, num_envs=1, normalize_observations=False), NORMALIZATION_SEED
+    )
+    norm = ObservationNorm(in_keys=["observation"], standard_normal=True)
+    probe.append_transform(norm)
+    with torch.random.fork_rng():
+        torch.manual_seed(NORMALIZATION_SEED)
+        norm.init_stats(NORMALIZATION_FRAMES, reduce_dim=0, cat_dim=0)
+    probe.close()
+    return norm.loc.clone(), norm.scale.clone()
 
 
 def env_factory(

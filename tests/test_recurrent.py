@@ -4,6 +4,7 @@ the buffer, and sequence priorities follow the documented rule."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from torchrl.collectors import Collector
 from torchrl.modules import set_recurrent_mode
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import ConfigError
+from rl_app.config import ConfigError, EnvConfig
 from rl_app.envs import RECURRENT_STATE_KEYS, make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import train
@@ -59,6 +60,25 @@ def recurrent(tiny_config):
         return config, algorithm, play, buffer
 
     return make
+
+
+def test_the_masked_env_observes_positions_normalized_alike_in_every_env(tiny_config) -> None:
+    config = tiny_config(preset=PRESET)
+    assert config.env.observation_indices == [0, 2] and config.env.normalize_observations
+    envs = [
+        make_env(config.env, 1),
+        make_env(config.env, 2, network=config.network),
+        make_env(dataclasses.replace(config.env, num_envs=3), 3),
+    ]
+    norms = [env.transform[-1] for env in envs]
+    for norm in norms[1:]:
+        assert torch.equal(norm.loc, norms[0].loc) and torch.equal(norm.scale, norms[0].scale)
+    # Undone, the normalization gives back CartPole's cart position and pole angle.
+    observation = envs[0].reset()["observation"]
+    whole = make_env(EnvConfig(name="CartPole-v1"), 1).reset()["observation"]
+    assert torch.allclose(observation * norms[0].scale + norms[0].loc, whole[[0, 2]])
+    played = envs[0].rollout(300)["observation"]
+    assert 0.2 < played.std(0).min() and played.std(0).max() < 5  # near unit scale
 
 
 def test_each_stored_frame_holds_the_state_its_action_was_taken_with(recurrent) -> None:

@@ -30,7 +30,11 @@ ENTRIES = {
     # The feed-forward DQN on the same partial observations, for the same frames.
     "dqn_cartpole_masked": (
         "dqn_cartpole",
-        ["env.observation_indices=[0,2]", "collector.total_frames=100000"],
+        [
+            "env.observation_indices=[0,2]",
+            "env.normalize_observations=true",
+            "collector.total_frames=100000",
+        ],
     ),
 }
 SEEDS = (1, 2, 3, 4, 5)
