@@ -62,9 +62,7 @@ def main(argv: list[str]) -> int:
             train(load_config(preset, settings))
         summary[name] = summarize_group(name, [read_run(run) for run in runs])
     (args.root / "results.json").write_text(
-        json.dumps(
-            {name: dataclasses.asdict(group) for name, group in summary.items()}, indent=2
-        )
+        json.dumps({name: dataclasses.asdict(group) for name, group in summary.items()}, indent=2)
     )
     table = markdown_table(list(summary.values()))
     (args.root / "results.md").write_text(table)
