@@ -22,18 +22,20 @@ ffmpeg: ## FFmpeg's libraries for MP4 videos (installs Debian's ffmpeg when miss
 train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
 	$(PY) train.py $(ARGS)
 
-# Tests run in one process per CPU core (TEST_JOBS=0: all in this one process); the SLURM
+# Test processes (pytest-xdist; 0: every test in one process). The whole suite runs one
+# test at a time by default: its learning checks and SLURM jobs have time limits that a
+# shared CPU can exceed. The quick subset runs one process per core. With N > 0 the SLURM
 # tests share one process, as they share the cluster.
-TEST_JOBS ?= auto
-PARALLEL := -n $(TEST_JOBS) --dist loadgroup
+TEST_JOBS ?= 0
+FAST_JOBS ?= auto
 
 test: venv ffmpeg ## The whole suite, learning checks included; starts the local SLURM cluster first
 	@$(MAKE) --no-print-directory slurm-up || \
 		echo "local SLURM cluster not started (reason above): slurm tests skip (fail when CI is set)"
-	$(PY) -m pytest -rs $(PARALLEL) $(PYTEST_ARGS)
+	$(PY) -m pytest -rs -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: venv ffmpeg ## Everything but the minutes-long learning checks and the SLURM cluster tests
-	$(PY) -m pytest -m "not slow and not slurm" $(PARALLEL) $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not slow and not slurm" -n $(FAST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
 	$(PY) -m tools.bench $(ARGS)
