@@ -163,12 +163,15 @@ def hold_lock_in_another_process(run_dir: Path, seconds: float) -> subprocess.Po
 
 
 def random_play(env_name: str, frames: int) -> TensorDict:
-    """Real transitions of a random policy, with the collector's trajectory ids."""
+    """Real transitions of a random policy, with the collector's trajectory ids: the same
+    ones whatever ran before (the policy draws from torch's seeded generator)."""
     env = make_env(EnvConfig(name=env_name), seed=0)
-    collector = Collector(
-        env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
-    )
-    batch = next(iter(collector))
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        collector = Collector(
+            env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
+        )
+        batch = next(iter(collector))
     collector.shutdown()
     return batch
 
