@@ -187,12 +187,19 @@ def write_priorities(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> 
     return int((~live).sum())
 
 
-def recurrent_state_drift(sequences: TensorDictBase, states: TensorDictBase) -> float:
-    """How far the stored recurrent states of the sampled records are from ``states``,
-    the ones the learner recomputed: the mean absolute difference over valid records."""
+def valid_records(sequences: TensorDictBase) -> torch.Tensor:
+    """Which sampled records belong to their sequence's episode: Sequence windows mark
+    padding in ``validity_mask``; slices hold none."""
     valid = sequences.get("validity_mask", None)
     if valid is None:
         valid = torch.ones(sequences.shape, dtype=torch.bool, device=sequences.device)
+    return valid
+
+
+def recurrent_state_drift(sequences: TensorDictBase, states: TensorDictBase) -> float:
+    """How far the stored recurrent states of the sampled records are from ``states``,
+    the ones the learner recomputed: the mean absolute difference over valid records."""
+    valid = valid_records(sequences)
     gaps = [(sequences[key] - states[key]).abs().mean(dim=(-2, -1)) for key in RECURRENT_STATE_KEYS]
     return torch.stack(gaps).mean(dim=0)[valid].mean().item()
 
@@ -204,9 +211,7 @@ def write_recurrent_states(
     records into the buffer, with ``update_if_present``: a record whose slot was
     overwritten since it was sampled (its generation changed) is left alone. Returns how
     many records were written."""
-    valid = sequences.get("validity_mask", None)
-    if valid is None:
-        valid = torch.ones(sequences.shape, dtype=torch.bool, device=sequences.device)
+    valid = valid_records(sequences)
     keys = [*RECURRENT_STATE_KEYS, *(("next", key) for key in RECURRENT_STATE_KEYS)]
     result = buffer.update_if_present(
         index=sequences["index"][valid].cpu(),
