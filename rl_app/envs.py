@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -122,20 +121,29 @@ def make_env(
         transforms.append(recurrent_state_primer(network))
     transformed = TransformedEnv(base, Compose(*transforms))
     if env.normalize_observations:
-        loc, scale = observation_statistics(env)
+        loc, scale = observation_statistics(env.name, tuple(env.observation_indices or ()))
         transformed.append_transform(
-            ObservationNorm(loc, scale, in_keys=["observation"], standard_normal=True)
+            # Copies: each env owns its buffers (a state_dict load writes into them).
+            ObservationNorm(
+                loc.clone(), scale.clone(), in_keys=["observation"], standard_normal=True
+            )
         )
     transformed.set_seed(seed)
     return transformed
 
 
-def observation_statistics(env: EnvConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and standard deviation of the observations over ``NORMALIZATION_FRAMES`` steps of
-    random play in one env seeded ``NORMALIZATION_SEED`` (TorchRL's ``init_stats``), drawn
-    apart from the global random state: the same for every env of a run."""
+@functools.cache
+def observation_statistics(
+    name: str, observation_indices: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and standard deviation of the observations of env ``name`` (observing
+    ``observation_indices``, all if empty) over ``NORMALIZATION_FRAMES`` steps of random play
+    in one env seeded ``NORMALIZATION_SEED`` (TorchRL's ``init_stats``), drawn apart from the
+    global random state: the same for every env of a run. Played once per process: later
+    envs (each evaluation's, a worker's) reuse them."""
     probe = make_env(
-        dataclasses.replace(env, num_envs=1, normalize_observations=False), NORMALIZATION_SEED
+        EnvConfig(name=name, observation_indices=list(observation_indices) or None),
+        NORMALIZATION_SEED,
     )
     norm = ObservationNorm(in_keys=["observation"], standard_normal=True)
     probe.append_transform(norm)

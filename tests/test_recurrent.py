@@ -15,7 +15,7 @@ from torchrl.modules import set_recurrent_mode
 
 from rl_app.algorithms import make_algorithm
 from rl_app.config import ConfigError, EnvConfig
-from rl_app.envs import RECURRENT_STATE_KEYS, make_env
+from rl_app.envs import RECURRENT_STATE_KEYS, make_env, observation_statistics
 from rl_app.logger import read_metrics
 from rl_app.loop import train
 from rl_app.replay import (
@@ -65,12 +65,15 @@ def recurrent(tiny_config):
 def test_the_masked_env_observes_positions_normalized_alike_in_every_env(tiny_config) -> None:
     config = tiny_config(preset=PRESET)
     assert config.env.observation_indices == [0, 2] and config.env.normalize_observations
+    observation_statistics.cache_clear()
     envs = [
         make_env(config.env, 1),
         make_env(config.env, 2, network=config.network),
         make_env(dataclasses.replace(config.env, num_envs=3), 3),
     ]
     norms = [env.transform[-1] for env in envs]
+    # Random play ran once, for the first env: the others reused its statistics.
+    assert observation_statistics.cache_info().misses == 1
     for norm in norms[1:]:
         assert torch.equal(norm.loc, norms[0].loc) and torch.equal(norm.scale, norms[0].scale)
     # Undone, the normalization gives back CartPole's cart position and pole angle.
