@@ -3,9 +3,10 @@
 Sections (``--only update,training,...`` picks some), measured one after the other:
 - machine: platform, cores, versions, and the measured float32 matmul rate of one thread;
 - update: one SAC update step of the default preset in each of ``UPDATE_VARIANTS`` (each
-  speed lever alone, together, and the compiled loss), interleaved, next to its FLOP bound
-  (the matrix-product FLOPs the update runs, counted as it runs, at the measured matmul
-  rate), and the same update in fresh processes with glibc's allocator and with jemalloc;
+  speed lever alone, together, the compiled loss, and each value target), interleaved,
+  next to its FLOP bound (the matrix-product FLOPs the update runs, counted as it runs, at
+  the measured matmul rate), and the same update in fresh processes with glibc's
+  allocator and with jemalloc;
 - training: the default preset with a 1e6-capacity memmap buffer (shortened to
   ``BENCH_FRAMES`` frames unless overridden with ``ARGS="collector.total_frames=..."``):
   environment frames/s, updates/s and the mean time per iteration of each phase of the
@@ -37,6 +38,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,7 +60,7 @@ from rl_app.collection import WeightSync, decide_devices, make_collector
 from rl_app.config import Config, ConfigError, load_config
 from rl_app.envs import make_env
 from rl_app.loop import PHASES, build_run, run_iterations, train
-from rl_app.replay import TRAJECTORY_KEY
+from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batches
 from tools.sb3_baseline import evaluate_on_fixed_seeds, run_sb3_sac
 
 BENCH_FRAMES = 6_000
@@ -124,18 +126,33 @@ UPDATE_VARIANTS = {
     "fused Adam": ["sac.vmap_qnets=true", "optim.fused_adam=true"],
     "rl_app defaults (both)": [],
     "compiled loss (vmap, fused Adam)": ["optim.compile=true"],
+    # The value targets, each next to the default TD(0) ("rl_app defaults (both)").
+    "n-step targets (nstep)": ["optim.target=nstep"],
+    "TD(lambda) targets (td_lambda)": ["optim.target=td_lambda"],
 }
 UPDATE_ROUNDS, UPDATES_PER_ROUND = 10, 20
+UPDATE_PLAY_FRAMES = 2_000  # random play the update's batch is sampled from
 JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
 
 
 def update_step(overrides: list[str]) -> Callable[[], Any]:
-    """One update of a SAC of the default preset (with ``overrides``) on a real batch."""
+    """One update of a SAC of the default preset (with ``overrides``) on a batch sampled as
+    training samples it (``[slices, slice_len]`` from the preset's slice sampler, so that a
+    multi-step target runs over slices) from random play."""
     config = load_config("default", ["logger.backend=none", *overrides])
     torch.set_num_threads(config.threads)
     env = make_env(config.env, config.seed)
-    batch = env.rollout(config.optim.batch_size, break_when_any_done=False)
     algorithm = make_algorithm(config, env, torch.device("cpu"))
+    frames = UPDATE_PLAY_FRAMES
+    collector = Collector(
+        env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
+    )
+    play = next(iter(collector))
+    collector.shutdown()
+    with tempfile.TemporaryDirectory() as scratch:
+        buffer = make_replay_buffer(config.replay, Path(scratch), config.seed)
+        buffer.extend(play.select(*algorithm.replay_keys(), TRAJECTORY_KEY))
+        batch = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0].clone()
     return functools.partial(algorithm.update, batch)
 
 
