@@ -52,6 +52,7 @@ from tensordict import TensorDict
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 from torchrl.collectors import Collector
+from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, RandomPolicy, set_exploration_type
 
 from rl_app.algorithms import make_algorithm
@@ -135,6 +136,17 @@ UPDATE_PLAY_FRAMES = 2_000  # random play the update's batch is sampled from
 JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
 
 
+def random_play(env: EnvBase, frames: int) -> TensorDict:
+    """``frames`` real transitions of a random policy in ``env``, with the collector's
+    trajectory ids (what the replay buffer keeps)."""
+    collector = Collector(
+        env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
+    )
+    play = next(iter(collector))
+    collector.shutdown()
+    return play
+
+
 def update_step(overrides: list[str]) -> Callable[[], Any]:
     """One update of a SAC of the default preset (with ``overrides``) on a batch sampled as
     training samples it (``[slices, slice_len]`` from the preset's slice sampler, so that a
@@ -143,12 +155,7 @@ def update_step(overrides: list[str]) -> Callable[[], Any]:
     torch.set_num_threads(config.threads)
     env = make_env(config.env, config.seed)
     algorithm = make_algorithm(config, env, torch.device("cpu"))
-    frames = UPDATE_PLAY_FRAMES
-    collector = Collector(
-        env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
-    )
-    play = next(iter(collector))
-    collector.shutdown()
+    play = random_play(env, UPDATE_PLAY_FRAMES)
     with tempfile.TemporaryDirectory() as scratch:
         buffer = make_replay_buffer(config.replay, Path(scratch), config.seed)
         buffer.extend(play.select(*algorithm.replay_keys(), TRAJECTORY_KEY))
@@ -298,13 +305,7 @@ def bench_checkpoint(config: Config, directory: Path) -> dict[str, Any]:
     config.replay.capacity = CHECKPOINT_BUFFER
     run = build_run(config)
     try:
-        env = make_env(config.env, config.seed)
-        chunk = CHECKPOINT_BUFFER // 10
-        collector = Collector(
-            env, RandomPolicy(env.action_spec), frames_per_batch=chunk, total_frames=chunk
-        )
-        play = next(iter(collector))
-        collector.shutdown()
+        play = random_play(make_env(config.env, config.seed), CHECKPOINT_BUFFER // 10)
         for copy in range(10):  # ten copies of real play, each with its own trajectory ids
             play[TRAJECTORY_KEY] += copy * 1_000
             run.buffer.extend(play)
