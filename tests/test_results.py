@@ -10,6 +10,7 @@ import pytest
 
 from rl_app.compare import markdown_table, plot_comparison, read_run, summarize_group
 from rl_app.config import load_config, to_yaml
+from tools.results import store_summaries
 
 
 def fake_run(run_dir: Path, evals: list[float], wall_seconds: float) -> Path:
@@ -40,3 +41,21 @@ def test_the_summary_takes_each_runs_last_evaluation(tmp_path: Path) -> None:
     assert pytest.approx(summary.curve_mean) == [-850.0, -200.0, -200.0]
     plot_comparison([summary], tmp_path / "curves.png")
     assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_results_of_one_entry_keep_the_stored_summaries_of_the_others(tmp_path: Path) -> None:
+    def summary(name: str, final: float):
+        run = fake_run(tmp_path / f"{name}-{final}", [-900.0, final], wall_seconds=60.0)
+        return summarize_group(name, [read_run(run)])
+
+    store = tmp_path / "docs" / "results.json"
+    store_summaries(store, {"dqn_cartpole": summary("dqn_cartpole", -300.0)})
+    store_summaries(store, {"default": summary("default", -200.0)})
+    every_entry = store_summaries(store, {"dqn_cartpole": summary("dqn_cartpole", -100.0)})
+
+    # In the order of the tool's entries; the re-measured entry replaced, the other kept.
+    assert list(every_entry) == ["default", "dqn_cartpole"]
+    assert every_entry["default"].final_eval_returns == [-200.0]
+    assert every_entry["dqn_cartpole"].final_eval_returns == [-100.0]
+    assert every_entry["dqn_cartpole"].curve_mean == [-900.0, -100.0]
+    assert list(json.loads(store.read_text())) == ["default", "dqn_cartpole"]

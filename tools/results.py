@@ -5,8 +5,11 @@ the masked CartPole the recurrent preset learns). Each (entry, seed) trains in
 ``runs/results/<entry>-seed<seed>`` (a run already complete
 there is not trained again: ``train`` finds its checkpoint and returns). The summary, per
 entry, is ``rl_app.compare``'s: final and best evaluation return (mean ± std over seeds),
-frames and wall time, written to ``results.json`` and ``results.md`` next to the runs, and
-the learning curves (mean and 95% bootstrap interval over seeds) to ``--figure``.
+frames, wall time and the learning curve (mean and 95% bootstrap interval over seeds).
+Summaries are kept per entry in ``--store`` (committed, ``docs/results.json``): entries run
+now replace their stored summary, the others stay, and ``results.md`` next to the runs and
+``--figure`` show every stored entry. So one preset can be measured again without
+re-running the others (the recurrent one takes over an hour per seed).
 """
 
 from __future__ import annotations
@@ -18,7 +21,13 @@ import logging
 import sys
 from pathlib import Path
 
-from rl_app.compare import markdown_table, plot_comparison, read_run, summarize_group
+from rl_app.compare import (
+    GroupSummary,
+    markdown_table,
+    plot_comparison,
+    read_run,
+    summarize_group,
+)
 from rl_app.config import load_config
 from rl_app.loop import train
 
@@ -44,32 +53,50 @@ def run_dir_of(root: Path, entry: str, seed: int) -> Path:
     return root / f"{entry}-seed{seed}"
 
 
+def stored_summaries(store: Path) -> dict[str, GroupSummary]:
+    """The summaries kept in ``store`` by earlier runs of this tool, by entry name."""
+    if not store.is_file():
+        return {}
+    return {name: GroupSummary(**fields) for name, fields in json.loads(store.read_text()).items()}
+
+
+def store_summaries(store: Path, summaries: dict[str, GroupSummary]) -> dict[str, GroupSummary]:
+    """Replace the stored summaries of the entries in ``summaries``, keep the others; return
+    them all, in the order of ``ENTRIES`` (a stored entry no longer there is dropped)."""
+    merged = {**stored_summaries(store), **summaries}
+    merged = {name: merged[name] for name in ENTRIES if name in merged}
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text(
+        json.dumps({name: dataclasses.asdict(group) for name, group in merged.items()}, indent=2)
+    )
+    return merged
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=list(ENTRIES))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     parser.add_argument("--root", type=Path, default=Path("runs/results"))
     parser.add_argument("--figure", type=Path, default=Path("docs/results.png"))
+    parser.add_argument("--store", type=Path, default=Path("docs/results.json"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
-    summary = {}
+    measured = {}
     for name in args.entries:
         preset, overrides = ENTRIES[name]
         runs = [run_dir_of(args.root, name, seed) for seed in args.seeds]
         for seed, run in zip(args.seeds, runs, strict=True):
             settings = [*overrides, f"seed={seed}", f"run_dir={run}", "logger.backend=none"]
             train(load_config(preset, settings))
-        summary[name] = summarize_group(name, [read_run(run) for run in runs])
-    (args.root / "results.json").write_text(
-        json.dumps({name: dataclasses.asdict(group) for name, group in summary.items()}, indent=2)
-    )
-    table = markdown_table(list(summary.values()))
+        measured[name] = summarize_group(name, [read_run(run) for run in runs])
+    every_entry = list(store_summaries(args.store, measured).values())
+    table = markdown_table(every_entry)
     (args.root / "results.md").write_text(table)
     args.figure.parent.mkdir(parents=True, exist_ok=True)
-    plot_comparison(list(summary.values()), args.figure)
+    plot_comparison(every_entry, args.figure)
     print(table)
-    print(f"summary: {args.root / 'results.json'}; curves: {args.figure}")
+    print(f"summaries: {args.store}; curves: {args.figure}")
     return 0
 
 
