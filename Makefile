@@ -40,7 +40,7 @@ test-fast: venv ffmpeg ## Everything but the minutes-long learning checks and th
 bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
 	$(PY) -m tools.bench $(ARGS)
 
-results: venv ## The shipped presets over 5 seeds: runs/results/results.md and docs/results.png
+results: venv ## The shipped presets over 5 seeds: docs/results.json and .png, runs/results/results.md
 	$(PY) -m tools.results $(ARGS)
 
 play: venv ## Play a run's best checkpoint: RUN=runs/<run>, ARGS="--video out.mp4 --episodes 3 ..."

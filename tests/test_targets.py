@@ -218,7 +218,7 @@ def test_a_slice_of_one_step_is_plain_td0_with_prioritized_replay(
     with torch.no_grad():
         algorithm.loss(batch)
         lambda_error = batch[PRIORITY_KEY].clone()
-        algorithm.loss.make_value_estimator(gamma=0.99)  # TD(0)
+        algorithm.loss.make_value_estimator(gamma=config.optim.gamma)  # TD(0)
         algorithm.loss(batch)
     assert torch.allclose(lambda_error, batch[PRIORITY_KEY])
     write_priorities(buffer, batch)
