@@ -38,6 +38,7 @@ TINY_RUN = [
     "eval.interval_frames=400",
     "eval.episodes=2",
     "logger.backend=none",
+    "optim.compile=false",  # a compile would take longer than the whole run
 ]
 # TINY_RUN's overrides for a recurrent DQN learning from Sequence windows, on MountainCar,
 # whose random episodes all last 200 steps (a batch, as Pendulum's do).

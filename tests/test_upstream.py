@@ -1,10 +1,13 @@
-"""TorchRL 0.14.1 behaviours that rl_app/upstream.py works around, checked on the installed
-TorchRL. A failure here after an upgrade means TorchRL changed (or fixed) that behaviour:
-revisit the workaround named in the test, and drop it where it is no longer needed."""
+"""TorchRL 0.14.1 (and torch 2.14.1) behaviours that rl_app/upstream.py works around, checked
+on the installed versions. A failure here after an upgrade means one of them changed (or
+fixed) that behaviour: revisit the workaround named in the test, and drop it where it is no
+longer needed."""
 
 from __future__ import annotations
 
+import functools
 import inspect
+from typing import Any
 
 import pytest
 import torch
@@ -17,9 +20,11 @@ from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.weight_update import MultiProcessWeightSyncScheme
 
-from rl_app.config import EnvConfig
+from rl_app.algorithms import make_algorithm
+from rl_app.config import EnvConfig, load_config
 from rl_app.envs import ReplayableReset, env_factory, make_env
 from rl_app.upstream import (
+    EAGER_SPLIT,
     GuardedWeightSyncScheme,
     gymnasium_env,
     undo_trajectory_id_shifts,
@@ -124,3 +129,57 @@ def test_an_unrolled_lstm_still_writes_zeros_before_the_last_step() -> None:
     with set_recurrent_mode(True):
         viewed = unrolling_view(TensorDictSequential(lstm))(steps.clone())
     assert "next" not in viewed.keys() and torch.equal(viewed["y"], out["y"])
+
+
+# inductor's options for each way of compiling the loss; None: the eager loss.
+LOSS_COMPILES: dict[str, dict[str, Any] | None] = {
+    "eager": None,
+    "inductor's split": {},
+    "eager split": EAGER_SPLIT,
+    "eager split, in-place buffers on": {**EAGER_SPLIT, "inplace_buffers": True},
+}
+
+
+@functools.cache
+def sac_backward(compiled: str) -> tuple[set[torch.dtype], list[torch.Tensor]]:
+    """One backward pass of a small SAC loss on a Pendulum rollout, compiled as
+    ``LOSS_COMPILES[compiled]`` says: the dtypes the loss saved for its backward, and the
+    gradient of every parameter."""
+    config = load_config("default", ["network.hidden_sizes=[32,32]", "optim.batch_size=64"])
+    env = make_env(config.env, seed=0)
+    torch.manual_seed(0)
+    algorithm = make_algorithm(config, env, torch.device("cpu"))
+    batch = env.rollout(64, break_when_any_done=False).select(*algorithm.replay_keys())
+    options = LOSS_COMPILES[compiled]
+    loss = algorithm.loss
+    if options is not None:
+        # Dynamo stops compiling a function after 8 compiles in a process, then runs it
+        # eagerly: start from none.
+        torch.compiler.reset()
+        loss = torch.compile(loss, options={"fallback_random": True, **options})
+    saved: set[torch.dtype] = set()
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.add(tensor.dtype)
+        return tensor
+
+    torch.manual_seed(0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        losses = loss(batch)
+    (losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]).backward()
+    return saved, [parameter.grad for parameter in algorithm.loss.parameters()]
+
+
+def same_gradients(compiled: str) -> bool:
+    pairs = zip(sac_backward("eager")[1], sac_backward(compiled)[1], strict=True)
+    return all(a is None or torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
+
+
+def test_inductor_still_saves_bool_masks_for_relu_backward() -> None:
+    assert torch.bool in sac_backward("inductor's split")[0]
+    assert torch.bool not in sac_backward("eager split")[0]
+    assert same_gradients("inductor's split") and same_gradients("eager split")
+
+
+def test_the_eager_split_still_needs_inplace_buffers_off() -> None:
+    assert not same_gradients("eager split, in-place buffers on")

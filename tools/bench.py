@@ -3,7 +3,8 @@
 Sections (``--only update,training,...`` picks some), measured one after the other:
 - machine: platform, cores, versions, and the measured float32 matmul rate of one thread;
 - update: one SAC update step of the default preset in each of ``UPDATE_VARIANTS`` (each
-  speed lever alone, together, the compiled loss, and each value target), interleaved,
+  speed lever alone, together, the compiled loss with our forward/backward split and with
+  inductor's, and each value target), interleaved,
   next to its FLOP bound (the matrix-product FLOPs the update runs, counted as it runs, at
   the measured matmul rate), and the same update in fresh processes with glibc's
   allocator and with jemalloc;
@@ -120,17 +121,22 @@ class MatmulFlops(TorchDispatchMode):
         return out
 
 
+EAGER = "vmap-free Q-nets + fused Adam, eager"  # the variant whose FLOPs are counted
+INDUCTOR_SPLIT = "compiled loss, inductor's split"
 # Update variants measured side by side: each lever alone against TorchRL's defaults.
 UPDATE_VARIANTS = {
-    "TorchRL defaults (vmap, Adam)": ["sac.vmap_qnets=true", "optim.fused_adam=false"],
-    "vmap-free Q-nets": ["sac.vmap_qnets=false", "optim.fused_adam=false"],
-    "fused Adam": ["sac.vmap_qnets=true", "optim.fused_adam=true"],
-    "rl_app defaults (both)": [],
-    "compiled loss (vmap, fused Adam)": ["optim.compile=true"],
-    # The value targets, each next to the default TD(0) ("rl_app defaults (both)").
-    "n-step targets (nstep)": ["optim.target=nstep"],
-    "TD(lambda) targets (td_lambda)": ["optim.target=td_lambda"],
-}
+    "TorchRL defaults (vmap, Adam)": [
+        "sac.vmap_qnets=true", "optim.fused_adam=false", "optim.compile=false"],
+    "vmap-free Q-nets": ["sac.vmap_qnets=false", "optim.fused_adam=false", "optim.compile=false"],
+    "fused Adam": ["sac.vmap_qnets=true", "optim.fused_adam=true", "optim.compile=false"],
+    EAGER: ["optim.compile=false"],
+    "rl_app defaults (compiled loss)": [],
+    # inductor's own forward/backward split (see upstream.EAGER_SPLIT), for what ours is worth
+    INDUCTOR_SPLIT: [],
+    # The value targets, each next to the default TD(0) (EAGER).
+    "n-step targets (nstep)": ["optim.target=nstep", "optim.compile=false"],
+    "TD(lambda) targets (td_lambda)": ["optim.target=td_lambda", "optim.compile=false"],
+}  # fmt: skip
 UPDATE_ROUNDS, UPDATES_PER_ROUND = 10, 20
 UPDATE_PLAY_FRAMES = 2_000  # random play the update's batch is sampled from
 JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
@@ -147,14 +153,17 @@ def random_play(env: EnvBase, frames: int) -> TensorDict:
     return play
 
 
-def update_step(overrides: list[str]) -> Callable[[], Any]:
+def update_step(overrides: list[str], inductor_split: bool = False) -> Callable[[], Any]:
     """One update of a SAC of the default preset (with ``overrides``) on a batch sampled as
     training samples it (``[slices, slice_len]`` from the preset's slice sampler, so that a
-    multi-step target runs over slices) from random play."""
+    multi-step target runs over slices) from random play. ``inductor_split``: the loss
+    compiled with inductor's own split into forward and backward instead of ours."""
     config = load_config("default", ["logger.backend=none", *overrides])
     torch.set_num_threads(config.threads)
     env = make_env(config.env, config.seed)
     algorithm = make_algorithm(config, env, torch.device("cpu"))
+    if inductor_split:
+        algorithm.compute_losses = torch.compile(algorithm.loss, options={"fallback_random": True})
     play = random_play(env, UPDATE_PLAY_FRAMES)
     with tempfile.TemporaryDirectory() as scratch:
         buffer = make_replay_buffer(config.replay, Path(scratch), config.seed)
@@ -177,24 +186,24 @@ def bench_update(base: list[str], matmul_rate: float) -> dict[str, Any]:
     runs, at the measured matmul rate."""
     updates, first_seconds, flops = {}, {}, {}
     for name, overrides in UPDATE_VARIANTS.items():
-        updates[name] = update_step([*base, *overrides])
+        updates[name] = update_step([*base, *overrides], inductor_split=name == INDUCTOR_SPLIT)
         started = time.perf_counter()
         updates[name]()
         first_seconds[name] = time.perf_counter() - started  # compiled: the compile
         for _ in range(5):
             updates[name]()
-        if "optim.compile=true" not in overrides:  # a compiled graph hides its operators
+        if "optim.compile=false" in overrides:  # a compiled graph hides its operators
             with MatmulFlops() as counter:
                 updates[name]()
             flops[name] = counter.flops
-    bound = flops["rl_app defaults (both)"] / matmul_rate
+    bound = flops[EAGER] / matmul_rate
     times: dict[str, list[float]] = {name: [] for name in updates}
     for _ in range(UPDATE_ROUNDS):
         for name, update in updates.items():
             times[name].append(seconds_per_update(update))
     baseline = statistics.median(times["TorchRL defaults (vmap, Adam)"])
     report: dict[str, Any] = {
-        "update_matmul_mflop": flops["rl_app defaults (both)"] / 1e6,
+        "update_matmul_mflop": flops[EAGER] / 1e6,
         "flop_bound_ms": 1000 * bound,
     }
     for name, samples in times.items():
@@ -398,7 +407,8 @@ def bench_collection(overrides: list[str], run_dir: Path) -> dict[str, Any]:
         training = load_config(
             "default",
             [*mode_overrides, f"collector.total_frames={MODE_TRAINING_FRAMES}",
-             f"run_dir={run_dir / (name + '-training')}", "eval.interval_frames=1000000"],
+             f"run_dir={run_dir / (name + '-training')}", "eval.interval_frames=1000000",
+             "optim.compile=false"],  # in so short a run the compile would outweigh the mode
         )  # fmt: skip
         started = time.perf_counter()
         result = train(training)
@@ -486,7 +496,7 @@ def print_update(update: dict[str, Any]) -> None:
           "MFLOP of matrix products, counted as they run)")  # fmt: skip
     for name in UPDATE_VARIANTS:
         step = update[name]
-        print(f"  {name:<34} {step['ms_per_update_step']:6.1f} ms  "
+        print(f"  {name:<38} {step['ms_per_update_step']:6.1f} ms  "
               f"{step['ratio_to_torchrl_defaults']:.2f}x TorchRL's defaults  "
               f"{step['ratio_to_flop_bound']:.2f}x the bound  "
               f"(first update {step['first_update_seconds']:.1f} s)")  # fmt: skip
