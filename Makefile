@@ -32,7 +32,7 @@ FAST_JOBS ?= auto
 test: venv ffmpeg ## The whole suite, learning checks included; starts the local SLURM cluster first
 	@$(MAKE) --no-print-directory slurm-up || \
 		echo "local SLURM cluster not started (reason above): slurm tests skip (fail when CI is set)"
-	$(PY) -m pytest -rs -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -rs --durations=15 -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 test-fast: venv ffmpeg ## Everything but the minutes-long learning checks and the SLURM cluster tests
 	$(PY) -m pytest -m "not slow and not slurm" -n $(FAST_JOBS) --dist loadgroup $(PYTEST_ARGS)
