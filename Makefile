@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-requirements
 
-.PHONY: venv ffmpeg train test test-fast bench results play compare lint slurm-up slurm-down clean
+.PHONY: venv ffmpeg train test test-all test-fast slurm-or-skip bench results play compare lint slurm-up slurm-down clean
 
 venv: $(INSTALLED)
 
@@ -22,20 +22,26 @@ ffmpeg: ## FFmpeg's libraries for MP4 videos (installs Debian's ffmpeg when miss
 train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
 	$(PY) train.py $(ARGS)
 
-# Test processes (pytest-xdist; 0: every test in one process). The whole suite runs one
-# test at a time by default: its learning checks and SLURM jobs have time limits that a
-# shared CPU can exceed. The quick subset runs one process per core. With N > 0 the SLURM
-# tests share one process, as they share the cluster.
-TEST_JOBS ?= 0
+# Test processes (pytest-xdist). `make test` runs two: the learning checks and the SLURM
+# tests one after the other in one, the rest beside them (tests/conftest.py); TEST_JOBS=0
+# runs everything in this process. The quick subset runs one process per core.
+TEST_JOBS ?= 2
 FAST_JOBS ?= auto
+PYTEST := $(PY) -m pytest -rs --durations=15 --dist loadgroup
 
-test: venv ffmpeg ## The whole suite, learning checks included; starts the local SLURM cluster first
+test: venv ffmpeg slurm-or-skip ## The suite (~21 min on 2 cores), learning checks included
+	$(PYTEST) -n $(TEST_JOBS) $(PYTEST_ARGS)
+
+test-all: venv ffmpeg slurm-or-skip ## The suite plus the full-length learning checks (before releasing results)
+	$(PYTEST) -n $(TEST_JOBS) -m "" $(PYTEST_ARGS)
+
+test-fast: venv ffmpeg ## Everything but the learning checks and the SLURM cluster tests
+	$(PY) -m pytest -m "not slow and not slurm and not release" -n $(FAST_JOBS) \
+		--dist loadgroup $(PYTEST_ARGS)
+
+slurm-or-skip:
 	@$(MAKE) --no-print-directory slurm-up || \
 		echo "local SLURM cluster not started (reason above): slurm tests skip (fail when CI is set)"
-	$(PY) -m pytest -rs --durations=15 -n $(TEST_JOBS) --dist loadgroup $(PYTEST_ARGS)
-
-test-fast: venv ffmpeg ## Everything but the minutes-long learning checks and the SLURM cluster tests
-	$(PY) -m pytest -m "not slow and not slurm" -n $(FAST_JOBS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
 	$(PY) -m tools.bench $(ARGS)

@@ -28,12 +28,23 @@ DEFAULT_PRESET = "default"
 # Inside a run directory:
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS_DIR = "checkpoints"
+REPLAY_DIR = "replay"  # the replay buffer's memory-mapped files
 LOCK_FILE = ".lock"  # held by the process training in it (rl_app.runlock)
 HOLDER_FILE = ".lock.holder"  # who holds it
 
 
 class ConfigError(ValueError):
     """A user's configuration mistake: reported as one line, exit status 2."""
+
+
+# Whole numbers reach torch and the OS as int64.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# TorchRL's C++ segment trees (every prioritized sampler) hold 2 x the power of two above
+# their size in a std::vector<float>: larger sizes raise (from 2**59) or never return
+# (from 2**62, the power of two overflows).
+SEGMENT_TREE_MAX_SIZE = 2**59 - 1
+# torch.set_num_threads takes a C int.
+C_INT_MAX = 2**31 - 1
 
 
 def setting(
@@ -209,7 +220,9 @@ class DQNConfig:
 class ReplayConfig:
     """The replay buffer (memmap storage inside the run directory, or GPU memory)."""
 
-    capacity: int = setting(100_000, "transitions kept in the buffer", at_least=1)
+    capacity: int = setting(
+        100_000, "transitions kept in the buffer", at_least=1, at_most=SEGMENT_TREE_MAX_SIZE
+    )
     sampler: str = setting(
         "prioritized_slice",
         "prioritized_slice | slice | prioritized_sequence (TorchRL's Sequence windows: "
@@ -321,7 +334,7 @@ class Config:
     device: str = setting("auto", f"learner device: {DEVICE_DOC}")
     threads: int = setting(
         1, "torch intra-op threads (one is fastest on small machines)", at_least=1,
-        on_resume=True,
+        at_most=C_INT_MAX, on_resume=True,
     )  # fmt: skip
     run_dir: str | None = setting(
         None, "where the run's files go (default runs/<preset>-<time>)", on_resume=True
@@ -473,12 +486,13 @@ def conform(tree: dict[str, Any], schema: type, prefix: str) -> dict[str, Any]:
                 )
             conformed[name] = conform(value, item.default_factory, f"{key}.")
         else:
-            conformed[name] = conform_value(key, value, str(item.type))
+            conformed[name] = conform_value(key, value, str(item.type), dict(item.metadata))
     return conformed
 
 
-def conform_value(key: str, value: Any, annotation: str) -> Any:
-    """One setting's value in the type its field declares (``int``, ``float | None``, ...)."""
+def conform_value(key: str, value: Any, annotation: str, accepted: dict[str, Any]) -> Any:
+    """One setting's value in the type its field declares (``int``, ``float | None``, ...);
+    a whole number also within the bounds its setting declares (``accepted``) and int64."""
     optional = annotation.endswith("| None")
     kind = annotation.removesuffix("| None").strip()
     if value is None:
@@ -488,7 +502,7 @@ def conform_value(key: str, value: Any, annotation: str) -> Any:
     if kind == "list[int]":
         if not isinstance(value, list):
             raise ConfigError(f"{key}={value!r} is not accepted: give a list, e.g. [256, 256]")
-        return [conform_value(key, element, "int") for element in value]
+        return [conform_value(key, element, "int", accepted) for element in value]
     if kind == "bool":
         if isinstance(value, bool):
             return value
@@ -499,28 +513,43 @@ def conform_value(key: str, value: Any, annotation: str) -> Any:
             raise ConfigError(f"{key}={value!r} is not accepted: give a number ({kind})")
         if kind == "float":
             return float(number)
-        if float(number).is_integer():
-            return int(number)
-        raise ConfigError(
-            f"{key}={value!r} is not accepted: give a whole number (e.g. 10000 or 1e4)"
-        )
+        if not float(number).is_integer():
+            raise ConfigError(
+                f"{key}={value!r} is not accepted: give a whole number (e.g. 10000 or 1e4)"
+            )
+        whole = int(number)
+        # Beyond int64 here, where the value is still as written (1e99, not its 100 digits);
+        # the declared bounds alone are checked by validate().
+        if not INT64_MIN <= whole <= INT64_MAX:
+            raise ConfigError(f"{key}={value!r} {violation(whole, whole_number_bounds(accepted))}")
+        return whole
     if kind == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
         return str(value)
     raise ConfigError(f"{key}={value!r} is not accepted: give a {kind}")
 
 
+def whole_number_bounds(accepted: dict[str, Any]) -> dict[str, Any]:
+    """The bounds a whole-number setting declares, narrowed to int64 (what torch and the
+    OS take)."""
+    at_least, at_most = accepted.get("at_least"), accepted.get("at_most")
+    return {
+        "at_least": INT64_MIN if at_least is None else max(at_least, INT64_MIN),
+        "at_most": INT64_MAX if at_most is None else min(at_most, INT64_MAX),
+    }
+
+
 def as_number(value: Any) -> float | int | None:
     """An int or float, also from text such as ``1e4`` (YAML reads that as text); None if
-    ``value`` is no finite number."""
+    ``value`` is no finite number (nor an integer a float can hold)."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, int):
-        return value
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return number if math.isfinite(number) else None
+    if not math.isfinite(number):
+        return None
+    return value if isinstance(value, int) else number
 
 
 def read_run_config(run_dir: Path) -> Config:

@@ -22,8 +22,9 @@ def evaluate(
     its deterministic action (the mode of its distribution).
 
     The Evaluator builds its own env and its own policy copy, so evaluation never touches
-    the learner's modules or random state. A fresh one each time replays the same seeded
-    episode starts, so that scores compare across evaluations and across resumes."""
+    the learner's modules (the loop keeps the copy's initial weights off the learner's
+    random stream). A fresh one each time replays the same seeded episode starts, so that
+    scores compare across evaluations and across resumes."""
     evaluator = Evaluator(
         env_factory(
             dataclasses.replace(config.env, num_envs=1),

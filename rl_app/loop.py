@@ -45,25 +45,35 @@ from rl_app.collection import (
     decide_devices,
     make_collector,
 )
-from rl_app.config import CHECKPOINTS_DIR, CONFIG_FILE, Config, holds_checkpoint, to_yaml
+from rl_app.config import (
+    CHECKPOINTS_DIR,
+    CONFIG_FILE,
+    REPLAY_DIR,
+    Config,
+    holds_checkpoint,
+    to_yaml,
+)
 from rl_app.envs import make_env
 from rl_app.evaluation import evaluate
+from rl_app.fit import check_fit
 from rl_app.interrupts import StopRequest
 from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
 from rl_app.replay import (
     TRAJECTORY_KEY,
+    allocate_storage,
     make_replay_buffer,
     recurrent_state_drift,
     sample_batches,
+    stored_transition,
     write_priorities,
     write_recurrent_states,
 )
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
+from rl_app.upstream import skip_pandas_lookups
 from rl_app.video import record_evaluation_video
 
 log = logging.getLogger("rl_app")
 
-REPLAY_DIR = "replay"
 ERROR_LOG = "error.log"
 
 
@@ -192,6 +202,7 @@ def prepare_run_dir(run_dir: Path, resuming: bool) -> None:
 def build_run(config: Config, resuming: bool = False) -> Run:
     """Create every part of the run, each from its factory, in a prepared run directory."""
     run_dir = Path(config.run_dir)
+    skip_pandas_lookups()  # every env step and eager update runs faster (upstream.py)
     prepare_run_dir(run_dir, resuming)
     (run_dir / CONFIG_FILE).write_text(to_yaml(config))
     torch.set_num_threads(config.threads)
@@ -200,8 +211,13 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     devices = decide_devices(config)
     spec_env = make_env(config.env, config.seed, network=config.network)
     algorithm = make_algorithm(config, spec_env, devices.learner)
+    transition = stored_transition(spec_env, algorithm.replay_keys())
     spec_env.close()
     buffer = make_replay_buffer(config.replay, run_dir / REPLAY_DIR, config.seed)
+    try:
+        allocate_storage(buffer, transition)
+    except OSError as error:
+        raise RunFailed(f"the replay buffer cannot take its space: {error.strerror}") from None
     collector = make_collector(config, algorithm, devices)
     progress = Progress()
     logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
@@ -234,8 +250,10 @@ def train(config: Config, lock_wait_s: float = 0.0) -> TrainResult:
     (:mod:`rl_app.runlock`); :class:`~rl_app.runlock.RunDirBusy` if another process holds
     it for longer than ``lock_wait_s``."""
     run_dir = Path(config.run_dir)
+    estimate = check_fit(config)  # refuses, before anything exists, what cannot fit here
     try:
         with run_dir_lock(run_dir, lock_wait_s):
+            log.info("%s", estimate)
             return train_locked(config, run_dir)
     except RunDirUnwritable as error:
         raise RunFailed(f"run_dir {run_dir} is not writable: {error}") from None
@@ -345,14 +363,17 @@ def run_iterations(run: Run) -> TrainResult:
             # next boundary, so that a stop always evaluates and saves first.
             stopping = progress.frames >= config.collector.total_frames or stop.requested
             eval_due = progress.frames - progress.last_eval_frames >= config.eval.interval_frames
+            # Evaluation and videos build policy copies, whose initial weights draw from
+            # torch's generator: drawn from a fork of it, so that how often a run evaluates
+            # or films never changes what it learns.
             if eval_due or stopping:
-                with phases("evaluating"):
+                with phases("evaluating"), torch.random.fork_rng():
                     metrics[EVAL_KEY] = evaluate(
                         config, algorithm.policy_factory(), algorithm.policy
                     )
                 progress.record_eval(metrics[EVAL_KEY])
                 if config.eval.video and (progress.evaluations - 1) % config.eval.video_every == 0:
-                    with phases("recording a video"):
+                    with phases("recording a video"), torch.random.fork_rng():
                         record_evaluation_video(
                             config,
                             algorithm.policy_factory(),

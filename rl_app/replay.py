@@ -3,6 +3,8 @@ chosen by ``replay.sampler`` (prioritized slices of whole trajectories by defaul
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -19,12 +21,16 @@ from torchrl.data import (
 )
 from torchrl.data.replay_buffers import Sequence
 from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.envs import EnvBase
 
 from rl_app.config import ReplayConfig, samples_sequences
 from rl_app.envs import RECURRENT_STATE_KEYS
+from rl_app.upstream import lay_out_storage
 
 # The collector numbers every trajectory; slices are cut within one id.
 TRAJECTORY_KEY = ("collector", "traj_ids")
+# The writer stamps every stored transition with its slot.
+SLOT_KEY = "index"
 # Where an algorithm's update writes one new priority per sampled transition.
 PRIORITY_KEY = "td_error"
 # Steps of a sampled Sequence window the loss counts: learning steps (not burn-in) that are
@@ -88,6 +94,41 @@ def make_replay_buffer(
         priority_key=PRIORITY_KEY,
         generator=generator,
     )
+
+
+def stored_transition(env: EnvBase, keys: Iterable) -> TensorDictBase:
+    """One transition as the buffer stores it: the ``keys`` an algorithm learns from (its
+    ``replay_keys()``), shaped as ``env``'s specs say, with the collector's trajectory id
+    and the writer's slot. Its values mean nothing: it gives the storage its layout."""
+    transition = env.fake_tensordict().reshape(-1)[0].select(*keys)
+    transition[TRAJECTORY_KEY] = torch.zeros((), dtype=torch.int64)
+    transition[SLOT_KEY] = torch.zeros((), dtype=torch.int64)
+    return transition
+
+
+def allocate_storage(buffer: TensorDictReplayBuffer, transition: TensorDictBase) -> None:
+    """Lay the storage out at its full size now, from a :func:`stored_transition`, rather
+    than at the first extend, and take the disk space of its memory-mapped files.
+
+    Those files are sparse: their disk blocks would be taken as frames arrive, and a write
+    through a memory map to a full disk kills the process (SIGBUS) instead of raising.
+    Taken here, a full disk raises ``OSError`` at the start, and the files are removed."""
+    storage = buffer.storage
+    lay_out_storage(storage, transition)  # what TorchRL runs at the first extend, run ahead
+    if not isinstance(storage, LazyMemmapStorage):
+        return  # GPU memory: taken by the layout
+    files = sorted(Path(storage.scratch_dir).rglob("*.memmap"))
+    size = sum(file.stat().st_size for file in files)
+    try:
+        for file in files:
+            with open(file, "r+b") as handle:
+                os.posix_fallocate(handle.fileno(), 0, os.fstat(handle.fileno()).st_size)
+    except OSError as error:
+        for file in files:  # their blocks are freed when the process ends
+            file.unlink()
+        raise OSError(
+            error.errno, f"{error.strerror} ({size / 1e6:.1f} MB in {storage.scratch_dir})"
+        ) from None
 
 
 def sample_batches(

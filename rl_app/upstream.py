@@ -16,11 +16,20 @@ deleted) once TorchRL changes that behaviour. Nothing else in rl_app touches a p
 5. ``EAGER_SPLIT`` (:class:`SaveAsEagerDoes`): torch 2.14.1's inductor, not TorchRL: how a
    compiled loss is split into forward and backward (private ``torch._functorch`` and
    ``torch._inductor`` names).
+6. :func:`without_tensorclass_memo_guards`, :func:`create_target_entropy_buffer`: what
+   makes a compiled loss recompile: tensordict's per-class memo, whenever a new class is
+   checked anywhere in the process; SACLoss's buffer, created by its first call.
+7. :func:`lay_out_storage`: a lazy storage lays out its files or tensors at the first
+   extend only (private ``_init``).
+8. :func:`skip_pandas_lookups`: tensordict searches ``sys.path`` for pandas on every
+   output of a ``TensorDictModule``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -28,12 +37,15 @@ from typing import Any
 
 import gymnasium as gym
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
+from torchrl.data import TensorStorage
 from torchrl.envs import EnvBase
 from torchrl.modules import LSTMModule
+from torchrl.objectives import SACLoss
 from torchrl.weight_update import MultiProcessWeightSyncScheme
 
 log = logging.getLogger("rl_app")
@@ -257,3 +269,56 @@ class SaveAsEagerDoes(CustomPartitionerFn):
 # Q-layer's weight gradient of SAC came out wrong). Test:
 # ``test_the_eager_split_still_needs_inplace_buffers_off``.
 EAGER_SPLIT = {"custom_partitioner_fn": SaveAsEagerDoes(), "inplace_buffers": False}
+
+
+# -- 6. recompiles of a compiled loss ------------------------------------------------------
+
+TENSORCLASS_MEMO = "_TENSORCLASS_MEMO"
+
+
+def without_tensorclass_memo_guards(guards: Sequence[Any]) -> list[bool]:
+    """A ``guard_filter_fn`` for ``torch.compile``: keep every guard but those on the length
+    of tensordict's private ``tensordict.utils._TENSORCLASS_MEMO``.
+
+    tensordict caches per class whether it is a tensorclass; a compiled loss reads that
+    cache, so dynamo guards on its length, and a class checked anywhere else in the process
+    for the first time recompiles the loss. The first evaluation's weight copy checks
+    ``str``: a 10-20 s recompile in every compiled run. The cache holds a fixed fact per
+    class, so its length decides nothing the compiled code does. Test:
+    ``test_a_compiled_loss_still_guards_on_tensordicts_class_memo``."""
+    return [TENSORCLASS_MEMO not in guard.name for guard in guards]
+
+
+def create_target_entropy_buffer(loss: SACLoss) -> None:
+    """Create SACLoss's target-entropy buffer now. SACLoss creates it on first use: inside a
+    compiled loss, whose second call then finds the module changed and recompiles. Test:
+    ``test_sac_loss_still_creates_its_target_entropy_buffer_on_first_use``."""
+    loss.target_entropy  # noqa: B018 (the property creates the buffer)
+
+
+# -- 7. a storage laid out before its first extend -----------------------------------------
+
+
+def lay_out_storage(storage: TensorStorage, transition: TensorDictBase) -> None:
+    """Lay ``storage`` out at its full size for records shaped as ``transition`` (its
+    memory-mapped files created, or its GPU tensors allocated), as TorchRL's lazy storages
+    do at their first extend, through their private ``_init``. Test:
+    ``test_a_lazy_storage_still_lays_itself_out_at_the_first_extend``."""
+    storage._init(transition)
+
+
+# -- 8. a search for pandas on every module output -----------------------------------------
+
+
+def skip_pandas_lookups() -> None:
+    """Where pandas is not installed, record it in ``sys.modules`` as absent.
+
+    tensordict 0.14.3 writes every output of a ``TensorDictModule`` through
+    ``TensorDict.from_any``, which calls ``importlib.util.find_spec("pandas")``: a search of
+    every ``sys.path`` entry for each policy call while collecting or evaluating, and each
+    module call of an eager update (an evaluation of the default preset took 0.92x the time
+    without it). Recorded as absent, the look-up answers at once, and ``import pandas``
+    raises ``ModuleNotFoundError`` as before. Test:
+    ``test_tensordict_still_looks_for_pandas_on_every_module_output``."""
+    if "pandas" not in sys.modules and importlib.util.find_spec("pandas") is None:
+        sys.modules["pandas"] = None

@@ -12,14 +12,21 @@ import pytest
 from rl_app.config import Config, load_config
 from tests.helpers import TINY_RUN, UP_SCRIPT
 
+# The learning checks take a fifth of the suite's time and the SLURM tests share one
+# local cluster and its CPUs: they run one after the other, in one worker.
+SERIAL_MARKERS = ("slow", "slurm")
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """With ``pytest -n N --dist loadgroup`` (``make test``), the SLURM tests run in one
-    worker, one after the other: they share the one local cluster and its CPUs."""
-    for item in items:
-        if item.get_closest_marker("slurm") is not None:
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+    """With ``pytest -n 2 --dist loadgroup`` (``make test``) the serial tests go first, to
+    one worker, while the other worker takes the rest; whichever is done first helps with
+    what is left."""
+    serial = [item for item in items if any(item.get_closest_marker(m) for m in SERIAL_MARKERS)]
+    for item in serial:
+        item.add_marker(pytest.mark.xdist_group("serial"))
+    ids = {id(item) for item in serial}
+    items[:] = serial + [item for item in items if id(item) not in ids]
 
 
 @pytest.fixture

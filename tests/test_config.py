@@ -31,6 +31,8 @@ from tests.helpers import run_train
         (["collector.mode=distributed", "collector.nodes=3"], "collector.frames_per_batch"),
         (["collector.mode=distributed", "collector.port=80"], "collector.port"),
         (["env.num_envs=3"], "env.num_envs"),
+        (["collector.total_frames=9223372036854775808"], "<= 9223372036854775807"),  # int64
+        (["threads=2147483648"], "<= 2147483647"),  # torch.set_num_threads takes a C int
     ],
 )
 def test_bad_input_exits_2_naming_the_key_and_creates_nothing(

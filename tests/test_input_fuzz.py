@@ -2,7 +2,9 @@
 
 Each case runs ``train.py``'s ``main`` with ``--print-config`` (so a valid case stops after
 validation) in an empty working directory. Every case must end with exit 0 (valid) or exit
-2 and one line on stderr naming what is wrong, and a failing case creates no file."""
+2 and one line on stderr naming what is wrong, and a failing case creates no file. Besides
+the generated cases, every integer and float key is given magnitudes at and past what
+torch, TorchRL and the OS take, on the command line and in a preset file."""
 
 from __future__ import annotations
 
@@ -22,6 +24,17 @@ KEYS = [key for key, _, _ in settings_of()]
 GROUPS = sorted({key.split(".")[0] for key in KEYS if "." in key})
 # env.name values stay among harmless ones: "module:id" imports the module.
 ENV_NAMES = ["Pendulum-v1", "CartPole-v1", "NoSuchEnv-v0", "MountainCar-v0", "Pendül-v1", ""]
+# Numbers as a user scaling up types them: past int64, past float, past TorchRL's segment
+# trees, signed zeros, infinities. An odd count: taken in turn over the keys, each extreme
+# is written both ways.
+EXTREMES = ["1e99", "-1e99", "1e308", "1e309", str(2**63), str(-(2**63) - 1), str(2**63 - 1),
+            str(2**62), str(2**59), "2e9", "-0", "-0.0", "inf", "-inf", ".inf", ".nan",
+            "4.9e-324"]  # fmt: skip
+NUMBER_KEYS = [
+    key for key, item, _ in settings_of()
+    if str(item.type).removesuffix("| None").strip() in ("int", "float", "list[int]")
+]  # fmt: skip
+LIST_KEYS = [key for key, item, _ in settings_of() if str(item.type).startswith("list")]
 
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 values = st.one_of(
@@ -30,6 +43,7 @@ values = st.one_of(
     st.sampled_from(["1e4", "2.5e3", "1e-3", "true", "false", "null", "", "[]", "[1, 2]",
                      "[0]", "{a: 1}", "[1, [2]]", "cuda", "cuda:3", "cpu", "auto", "tpu",
                      "prioritized", "uniform", "sync", "async", "distributed", "wandb", "'x"]),
+    st.sampled_from(EXTREMES),
     texts,
 )  # fmt: skip
 
@@ -73,14 +87,13 @@ def preset_texts(draw: st.DrawFn) -> str:
         return f"{draw(st.sampled_from(GROUPS))}:\n  - 1\n  - 2\n"
     if kind == "raw":
         return draw(texts) + "\n"
-    lines = []
-    for item in draw(overrides()):
-        key, _, value = item.partition("=")
-        *groups, leaf = key.split(".")
-        lines.append(
-            "".join(f"{g}:\n{'  ' * (i + 1)}" for i, g in enumerate(groups)) + f"{leaf}: {value}"
-        )
-    return "\n".join(lines) + "\n"
+    return "".join(as_yaml(*item.partition("=")[::2]) for item in draw(overrides()))
+
+
+def as_yaml(key: str, value: str) -> str:
+    """``key=value`` as the lines of a preset: ``optim.lr=1`` nests ``lr: 1`` in ``optim:``."""
+    *groups, leaf = key.split(".")
+    return "".join(f"{g}:\n{'  ' * (i + 1)}" for i, g in enumerate(groups)) + f"{leaf}: {value}\n"
 
 
 def run_main(argv: list[str]) -> tuple[int, str]:
@@ -122,7 +135,7 @@ def workdir(tmp_path: Path):
 
 
 FUZZ = settings(
-    max_examples=200, derandomize=True, deadline=None, database=None,
+    max_examples=160, derandomize=True, deadline=None, database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )  # fmt: skip
 
@@ -143,8 +156,23 @@ def test_generated_preset_files_exit_0_or_2_with_one_line(
     check_case(["--config", str(preset), *extra[:1]], workdir)
 
 
+def test_extreme_numbers_exit_0_or_2_with_one_line(workdir: Path) -> None:
+    """Every number key gets an extreme, the extremes taken in turn, written on the command
+    line and in a preset file in turn: each extreme lands on two or three keys, both ways.
+    (The generated cases draw extremes too, for random keys.)"""
+    preset = workdir.parent / f"{workdir.name}-preset.yaml"  # outside the watched directory
+    for index, key in enumerate(NUMBER_KEYS):
+        value = EXTREMES[index % len(EXTREMES)]
+        value = f"[{value}]" if key in LIST_KEYS else value
+        if index % 2:
+            preset.write_text(as_yaml(key, value), encoding="utf-8")
+            check_case(["--config", str(preset)], workdir)
+        else:
+            check_case([f"{key}={value}"], workdir)
+
+
 def test_the_fuzz_saw_many_kinds_of_mistake() -> None:
-    """Run after the two fuzz tests (file order): they refused inputs for many reasons."""
+    """Run after the fuzz tests (file order): they refused inputs for many reasons."""
     print(f"\n{len(CASES)} cases: {CASES.count(0)} valid, {CASES.count(2)} refused with "
           f"{len(MESSAGES)} distinct messages")  # fmt: skip
     assert len(MESSAGES) >= 10, sorted(MESSAGES)

@@ -19,7 +19,7 @@ from rl_app.config import ConfigError, load_config
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, build_run, run_iterations, train
 from tests import faulty_envs
-from tests.helpers import PYTHON, RECURRENT_DQN, TINY_RUN, TRAIN_PY, run_files
+from tests.helpers import PYTHON, RECURRENT_DQN, TINY_RUN, TRAIN_PY, run_files, wait_for
 
 
 def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -31,11 +31,11 @@ def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
     )
 
 
-def wait_for_checkpoints(run_dir: Path, count: int, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while len(list((run_dir / "checkpoints").glob("checkpoint-*"))) < count:
-        assert time.monotonic() < deadline, "no checkpoint appeared in time"
-        time.sleep(0.2)
+def wait_for_checkpoints(run_dir: Path, count: int) -> None:
+    checkpoints = run_dir / "checkpoints"
+    wait_for(
+        f"{count} checkpoints", lambda: len(list(checkpoints.glob("checkpoint-*"))) >= count, 120
+    )
 
 
 def final_state(run) -> dict[str, torch.Tensor]:
@@ -90,6 +90,18 @@ def test_same_seed_gives_identical_parameters_and_metrics(
         assert torch.equal(first[0][key], second[0][key]), key
     assert (first[1] == second[1]).all()
     assert [strip_wall_time(row) for row in first[2]] == [strip_wall_time(row) for row in second[2]]
+
+
+def test_how_often_a_run_evaluates_does_not_change_what_it_learns(
+    tiny_config, tmp_path: Path
+) -> None:
+    often = train_in_process(tiny_config("eval.interval_frames=200", run_dir=tmp_path / "a"))
+    once = train_in_process(tiny_config("eval.interval_frames=1200", run_dir=tmp_path / "b"))
+    assert len([row for row in often[2] if "eval/return" in row]) == 6
+    assert len([row for row in once[2] if "eval/return" in row]) == 1
+    for key in often[0]:
+        assert torch.equal(often[0][key], once[0][key]), key
+    assert (often[1] == once[1]).all()
 
 
 @pytest.mark.parametrize("target", TARGETS.values(), ids=TARGETS)
@@ -340,8 +352,14 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
     mounts.append(checkpoints)
     (run_dir / "config.yaml").write_text("")  # a run directory prepared by hand
     config = tiny_config(run_dir=run_dir)
+    # Built and run past train()'s check at the start, which would refuse a run whose
+    # checkpoints cannot all fit: here the disk fills during a save.
+    run = build_run(config)
     with pytest.raises(RunFailed, match=r"could not save the checkpoint at \d+ frames") as failure:
-        train(config)
+        try:
+            run_iterations(run)
+        finally:
+            run.close()
     assert "No space left on device" in str(failure.value)
     chosen, _ = choose_checkpoint(checkpoints)
     assert str(chosen) in str(failure.value)

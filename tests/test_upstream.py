@@ -6,16 +6,20 @@ longer needed."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import inspect
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from tensordict import TensorDict
-from tensordict.nn import TensorDictSequential
+from tensordict import utils as tensordict_utils
+from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
+from torchrl.data import LazyMemmapStorage
 from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.weight_update import MultiProcessWeightSyncScheme
@@ -25,10 +29,13 @@ from rl_app.config import EnvConfig, load_config
 from rl_app.envs import ReplayableReset, env_factory, make_env
 from rl_app.upstream import (
     EAGER_SPLIT,
+    TENSORCLASS_MEMO,
     GuardedWeightSyncScheme,
     gymnasium_env,
+    lay_out_storage,
     undo_trajectory_id_shifts,
     unrolling_view,
+    without_tensorclass_memo_guards,
 )
 from tests import faulty_envs
 
@@ -183,3 +190,63 @@ def test_inductor_still_saves_bool_masks_for_relu_backward() -> None:
 
 def test_the_eager_split_still_needs_inplace_buffers_off() -> None:
     assert not same_gradients("eager split, in-place buffers on")
+
+
+def compiles_after_a_new_class(guard_filter: Any) -> int:
+    """How many times a compiled TensorDict function compiles over two calls between which
+    tensordict's class memo learns a new class."""
+    torch.compiler.reset()
+    graphs = []
+
+    def backend(graph: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    options = {} if guard_filter is None else {"guard_filter_fn": guard_filter}
+    double = torch.compile(lambda td: td.apply(lambda x: 2 * x), backend=backend, options=options)
+    data = TensorDict({"a": torch.ones(3)}, [3])
+    double(data)
+    tensordict_utils._is_tensorclass(type("NewClass", (), {}))
+    double(data)
+    return len(graphs)
+
+
+def test_a_compiled_loss_still_guards_on_tensordicts_class_memo() -> None:
+    assert hasattr(tensordict_utils, TENSORCLASS_MEMO)
+    assert compiles_after_a_new_class(None) == 2
+    assert compiles_after_a_new_class(without_tensorclass_memo_guards) == 1
+
+
+def test_sac_loss_still_creates_its_target_entropy_buffer_on_first_use() -> None:
+    config = load_config("default", ["network.hidden_sizes=[8]", "optim.compile=false"])
+    env = make_env(config.env, seed=0)
+    loss = make_algorithm(config, env, torch.device("cpu")).loss
+    assert "_target_entropy" in dict(loss.named_buffers())  # created by the algorithm
+    fresh = type(loss)(loss.actor_network, loss.qvalue_network, action_spec=env.action_spec)
+    assert "_target_entropy" not in dict(fresh.named_buffers())
+    fresh.target_entropy  # noqa: B018
+    assert "_target_entropy" in dict(fresh.named_buffers())
+
+
+def test_a_lazy_storage_still_lays_itself_out_at_the_first_extend(tmp_path) -> None:
+    record = TensorDict({"observation": torch.zeros(3)}, [])
+    extended = LazyMemmapStorage(10, scratch_dir=tmp_path / "extended")
+    assert not list((tmp_path / "extended").rglob("*.memmap"))
+    extended.set(0, record)
+    laid_out = LazyMemmapStorage(10, scratch_dir=tmp_path / "laid_out")
+    lay_out_storage(laid_out, record)
+    for storage in (extended, laid_out):
+        (file,) = Path(storage.scratch_dir).rglob("observation.memmap")
+        assert file.stat().st_size == 10 * 3 * 4  # every slot, before it is written
+    assert len(laid_out) == 0
+
+
+def test_tensordict_still_looks_for_pandas_on_every_module_output(monkeypatch) -> None:
+    looked_up = []
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: looked_up.append(name) or find_spec(name, *a)
+    )
+    module = TensorDictModule(torch.nn.Linear(2, 2), in_keys=["x"], out_keys=["y"])
+    module(TensorDict({"x": torch.ones(2)}, []))
+    assert "pandas" in looked_up

@@ -20,7 +20,7 @@ from torchrl.objectives import LossModule, ValueEstimators
 
 from rl_app.config import OptimConfig, ReplayConfig
 from rl_app.replay import LOSS_MASK_KEY, PRIORITY_KEY
-from rl_app.upstream import EAGER_SPLIT
+from rl_app.upstream import EAGER_SPLIT, without_tensorclass_memo_guards
 
 # optim.target -> TorchRL's estimator. Over a [slices, slice_len] batch TD1 sums the
 # discounted rewards up to the slice end and bootstraps there: an n-step return with n the
@@ -135,8 +135,10 @@ def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase],
         return loss
     # fallback_random: draw random numbers as eager code does, so that a compiled update
     # takes the same step as an uncompiled one and a run may switch on resume. EAGER_SPLIT:
-    # save what eager autograd saves for the backward (0.7x the time on an AMD EPYC; upstream).
-    return torch.compile(loss, options={"fallback_random": True, **EAGER_SPLIT})
+    # save what eager autograd saves for the backward (0.7x the time on an AMD EPYC); the
+    # guard filter spares a recompile after the first evaluation (both: upstream.py).
+    options = {"fallback_random": True, "guard_filter_fn": without_tensorclass_memo_guards}
+    return torch.compile(loss, options={**options, **EAGER_SPLIT})
 
 
 # Eager steps before the capture: the compiled loss compiles there, and the optimizer

@@ -25,6 +25,7 @@ from rl_app.algorithms.base import (
 )
 from rl_app.config import Config, NetworkConfig
 from rl_app.replay import PRIORITY_KEY
+from rl_app.upstream import create_target_entropy_buffer
 
 
 def make_actor(
@@ -90,6 +91,7 @@ class SAC(Algorithm):
             deactivate_vmap=not (config.sac.vmap_qnets or config.optim.compile),
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
+        create_target_entropy_buffer(self.loss)  # before a compile (upstream.py)
         make_value_estimator(self.loss, config.optim)
         mask_padded_steps(self.loss, config.replay)
         self.target_updater = SoftUpdate(self.loss, tau=config.sac.tau)
