@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 
 from rl_app.config import Config, load_config
 from tests.helpers import TINY_RUN, UP_SCRIPT
@@ -15,18 +16,26 @@ from tests.helpers import TINY_RUN, UP_SCRIPT
 # The learning checks take a fifth of the suite's time and the SLURM tests share one
 # local cluster and its CPUs: they run one after the other, in one worker.
 SERIAL_MARKERS = ("slow", "slurm")
+SERIAL_GROUP = "serial"
+
+
+def is_serial(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(marker) for marker in SERIAL_MARKERS)
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With ``pytest -n 2 --dist loadgroup`` (``make test``) the serial tests go first, to
     one worker, while the other worker takes the rest; whichever is done first helps with
-    what is left."""
-    serial = [item for item in items if any(item.get_closest_marker(m) for m in SERIAL_MARKERS)]
-    for item in serial:
-        item.add_marker(pytest.mark.xdist_group("serial"))
-    ids = {id(item) for item in serial}
-    items[:] = serial + [item for item in items if id(item) not in ids]
+    what is left.
+
+    pytest-xdist 3.8.0 sends the tests whose node id ends in ``@group`` to one worker, but
+    its ``xdist_group`` marker no longer gets them that suffix under pytest 9 (it writes
+    ``item._nodeid``, which pytest 9 does not read): the suffix is set here instead."""
+    items.sort(key=lambda item: not is_serial(item))
+    if config.getoption("loadgroup", False):  # set in xdist's workers under loadgroup
+        for item in filter(is_serial, items):
+            item._id = coerce_node_id(f"{item.nodeid}@{SERIAL_GROUP}")
 
 
 @pytest.fixture
