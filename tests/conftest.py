@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,30 @@ def tiny_config(tmp_path: Path):
         return load_config(preset, [*TINY_RUN, f"run_dir={target}", *overrides])
 
     return make
+
+
+@pytest.fixture
+def tmpfs() -> Iterator[Callable[[Path, str], Path]]:
+    """``tmpfs(path, options)``: a tmpfs mounted at ``path`` (``options`` such as
+    ``size=8m`` or ``ro,size=1m``) until the test ends. Mounting needs root: skipped with
+    the reason where it is not permitted, failed instead when CI is set."""
+    mounted: list[Path] = []
+
+    def mount(path: Path, options: str) -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        command = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            message = f"cannot mount a tmpfs here (it needs root): {done.stderr.strip()}"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):  # lazily: a buffer of the test may still map files there
+        subprocess.run(["umount", "--lazy", str(path)], check=False, timeout=60)
 
 
 @pytest.fixture(scope="session")

@@ -34,26 +34,9 @@ SMALL_DISK = 8 * 2**20  # bytes of the tmpfs below
 
 
 @pytest.fixture
-def small_disk(tmp_path: Path):
-    """An 8 MB file system (tmpfs) mounted for the test; skipped where mounting is not
-    permitted (it needs root), failed instead when CI is set."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    command = ["mount", "-t", "tmpfs", "-o", f"size={SMALL_DISK}", "tmpfs", str(mount)]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=60)
-        problem = done.stderr.strip() if done.returncode else None
-    except OSError as error:
-        problem = str(error)
-    if problem is not None:
-        message = f"cannot mount a tmpfs here (it needs root): {problem}"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    try:
-        yield mount
-    finally:  # lazily: a buffer of the test may still map files there
-        subprocess.run(["umount", "--lazy", str(mount)], check=True, timeout=60)
+def small_disk(tmp_path: Path, tmpfs) -> Path:
+    """An 8 MB file system (tmpfs) for the test."""
+    return tmpfs(tmp_path / "small", f"size={SMALL_DISK}")
 
 
 def run_measured(cwd: Path, *args: str) -> tuple[int, str, int]:

@@ -327,29 +327,13 @@ def test_faults_stop_the_run_with_the_last_checkpoint_intact(
     assert chosen.name == "checkpoint-000000000800" and passed_over == []
 
 
-def mount_tmpfs(path: Path, options: str) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)])
-    if mounted.returncode != 0:
-        pytest.skip("mounting a size-limited tmpfs needs root")
-
-
-@pytest.fixture
-def mounts():
-    paths: list[Path] = []
-    yield paths
-    for path in reversed(paths):
-        subprocess.run(["umount", "-l", str(path)], check=False)
-
-
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
-    tiny_config, tmp_path: Path, mounts
+    tiny_config, tmp_path: Path, tmpfs
 ) -> None:
     run_dir = tmp_path / "run"
     checkpoints = run_dir / "checkpoints"
     # Room for about one checkpoint (each ~0.6 MB here) in a file system of its own.
-    mount_tmpfs(checkpoints, "size=1m")
-    mounts.append(checkpoints)
+    tmpfs(checkpoints, "size=1m")
     (run_dir / "config.yaml").write_text("")  # a run directory prepared by hand
     config = tiny_config(run_dir=run_dir)
     # Built and run past train()'s check at the start, which would refuse a run whose
@@ -371,10 +355,9 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
         run.close()
 
 
-def test_unwritable_run_dir_is_reported_before_any_work(tiny_config, tmp_path: Path, mounts):
+def test_unwritable_run_dir_is_reported_before_any_work(tiny_config, tmp_path: Path, tmpfs):
     read_only = tmp_path / "read-only"
-    mount_tmpfs(read_only, "ro,size=1m")
-    mounts.append(read_only)
+    tmpfs(read_only, "ro,size=1m")
     with pytest.raises(RunFailed, match="is not writable: Read-only file system"):
         train(tiny_config(run_dir=read_only / "run"))
 
