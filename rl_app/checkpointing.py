@@ -6,9 +6,12 @@ checkpoints plus the best one by evaluation return. Saves are staged beside the 
 and moved in with one rename, so a failed save leaves the previous checkpoint intact.
 
 Loads are verified first. TorchRL reads a truncated tensor file of its default directory
-payload back as zeros and does not check replay-storage files at all, so every component
-is saved with a SHA-256 of each of its files, inside the staged checkpoint, and
-:func:`verify_checkpoint` checks them all before anything is loaded.
+payload back as zeros, so every component is saved with a SHA-256 of each of its files,
+inside the staged checkpoint, and :func:`verify_checkpoint` checks them all before anything
+is loaded.
+
+The replay buffer's data is not in a checkpoint: its files stay where they are, and an undo
+journal brings them back to a checkpoint's state (:mod:`rl_app.journal`).
 """
 
 from __future__ import annotations
@@ -28,10 +31,11 @@ from torchrl.checkpoint import (
     CheckpointError,
     CheckpointLoadResult,
     CheckpointRotation,
-    DumpLoadCheckpointAdapter,
     JSONCheckpointAdapter,
     StateDictCheckpointAdapter,
 )
+
+from rl_app.journal import UndoJournal
 
 # The metadata key that ranks checkpoints.
 EVAL_METRIC = "eval_reward"
@@ -80,13 +84,10 @@ def file_sha256(path: Path) -> str:
 
 
 def adapter_for(component: Any) -> CheckpointAdapter:
-    """Objects with ``dump``/``load`` (the replay buffer) save themselves; objects with a
-    ``state_dict`` go through ``torch.save``, whose files fail loudly when truncated;
-    plain values are stored as JSON."""
-    if callable(getattr(component, "dump", None)):
-        inner: CheckpointAdapter = DumpLoadCheckpointAdapter()
-    elif callable(getattr(component, "state_dict", None)):
-        inner = StateDictCheckpointAdapter(payload_format="torch")
+    """Objects with a ``state_dict`` go through ``torch.save``, whose files fail loudly
+    when truncated; plain values are stored as JSON."""
+    if callable(getattr(component, "state_dict", None)):
+        inner: CheckpointAdapter = StateDictCheckpointAdapter(payload_format="torch")
     else:
         inner = JSONCheckpointAdapter()
     return ChecksummedAdapter(inner)
@@ -126,9 +127,14 @@ class RunCheckpoints:
     """The checkpoints of one run: save after an evaluation; pick and restore one."""
 
     def __init__(
-        self, directory: Path, keep_last: int, components: Mapping[str, Any], replay_dir: Path
+        self,
+        directory: Path,
+        keep_last: int,
+        components: Mapping[str, Any],
+        journal: UndoJournal | None,
     ) -> None:
-        self.replay_dir = replay_dir
+        self.journal = journal
+        self.keep_last = keep_last
         self.checkpoint = Checkpoint()
         for name, component in components.items():
             self.checkpoint.register(name, component, adapter=adapter_for(component))
@@ -137,14 +143,14 @@ class RunCheckpoints:
         )
 
     def save(self, frames: int, eval_reward: float) -> Path:
-        """Save, rotate, and return the new checkpoint's path.
+        """Save, rotate, and return the new checkpoint's path; start its replay journal
+        and delete the journals no kept checkpoint needs.
 
-        Raises ``OSError(ENOSPC)`` before writing anything when the disk lacks room: the
-        replay buffer is written through memory maps, and a memory-mapped write to a full
-        disk kills the process (SIGBUS) instead of raising."""
+        Raises ``OSError(ENOSPC)`` before writing anything when the disk lacks room for
+        the checkpoint (as large as the last one)."""
         self.rotation.directory.mkdir(parents=True, exist_ok=True)
         latest = self.latest()
-        needed = disk_size(latest) if latest is not None else disk_size(self.replay_dir)
+        needed = disk_size(latest) if latest is not None else 0
         free = shutil.disk_usage(self.rotation.directory).free
         if needed * 1.1 > free:
             raise OSError(
@@ -152,10 +158,15 @@ class RunCheckpoints:
                 f"No space left on device: a checkpoint needs about {needed / 1e6:.1f} MB "
                 f"and {free / 1e6:.1f} MB are free in {self.rotation.directory}",
             )
+        if self.journal is not None:
+            self.journal.start(frames)
         saved = self.rotation.save(
             self.checkpoint, step=frames, metadata={EVAL_METRIC: eval_reward}
         )
         self.record_best()
+        if self.journal is not None:
+            resumable = checkpoint_candidates(self.rotation.directory)[: self.keep_last]
+            self.journal.prune(checkpoint_frames(resumable[-1]))
         return saved
 
     def record_best(self) -> None:
@@ -177,13 +188,18 @@ class RunCheckpoints:
 
     def load(self, path: Path) -> CheckpointLoadResult:
         """Restore every bound component from ``path`` (:func:`choose_checkpoint` picks a
-        verified one). A checkpoint saved before the acting policy had a component of its
-        own restores the policy with the algorithm's networks, which hold it too."""
+        verified one), and check the restored replay files: raises
+        :class:`~rl_app.journal.StorageDamaged` if they are damaged. A checkpoint saved
+        before the acting policy had a component of its own restores the policy with the
+        algorithm's networks, which hold it too."""
         saved = Checkpoint.manifest(path)["components"]
         names = [
             name for name in self.checkpoint.components if name in saved or name != POLICY_COMPONENT
         ]
-        return self.checkpoint.load(path, components=names)
+        result = self.checkpoint.load(path, components=names)
+        if self.journal is not None:
+            self.journal.verify()
+        return result
 
 
 def recorded_best(directory: Path) -> Path | None:
@@ -209,14 +225,27 @@ def checkpoint_candidates(directory: Path) -> list[Path]:
     return sorted(directory.glob("checkpoint-*"), key=lambda path: path.name, reverse=True)
 
 
-def choose_checkpoint(directory: Path) -> tuple[Path, list[tuple[Path, str]]]:
-    """The newest checkpoint that verifies, and each newer one passed over with the reason.
+def checkpoint_frames(path: Path) -> int:
+    return int(path.name.split("-")[1])
+
+
+def choose_checkpoint(
+    directory: Path, restorable_from: int = 0
+) -> tuple[Path, list[tuple[Path, str]]]:
+    """The newest checkpoint that verifies, and each newer one passed over with the reason;
+    only one at ``restorable_from`` frames or later when the replay buffer must be restored
+    too (:func:`rl_app.journal.restorable_from`).
 
     Raises :class:`CorruptCheckpoint` when none verifies. Reads only."""
     passed_over = []
     for path in checkpoint_candidates(directory):
         try:
             verify_checkpoint(path)
+            if checkpoint_frames(path) < restorable_from:
+                raise CorruptCheckpoint(
+                    "the replay journal that restores its buffer is gone or damaged "
+                    f"(checkpoints from {restorable_from} frames on resume; this one plays)"
+                )
         except CorruptCheckpoint as why:
             passed_over.append((path, str(why)))
             continue

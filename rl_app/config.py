@@ -29,6 +29,7 @@ DEFAULT_PRESET = "default"
 CONFIG_FILE = "config.yaml"
 CHECKPOINTS_DIR = "checkpoints"
 REPLAY_DIR = "replay"  # the replay buffer's memory-mapped files
+JOURNAL_DIR = "replay-journal"  # what restores those files to a checkpoint's state
 LOCK_FILE = ".lock"  # held by the process training in it (rl_app.runlock)
 HOLDER_FILE = ".lock.holder"  # who holds it
 
@@ -90,6 +91,12 @@ class EnvConfig:
         "keep only these entries of a Box observation, e.g. [0, 2]: CartPole without its "
         "velocities (unset: the whole observation)",
         at_least=0,
+    )
+    max_episode_steps: int | None = setting(
+        None,
+        "end episodes (truncated) after this many agent steps, on top of the env's own limit "
+        "(unset: the env's own only; Atari games end at 108,000 frames = 27,000 steps)",
+        at_least=1,
     )
 
 
@@ -181,6 +188,9 @@ class OptimConfig:
         True,
         "Adam's fused kernel: one kernel steps every parameter (same steps up to float rounding)",
     )
+    adam_eps: float = setting(
+        1e-8, "Adam's epsilon, added to the root of its second moment (DrQ(eps): 1.5e-4)", above=0
+    )
 
 
 @dataclass
@@ -213,6 +223,18 @@ class DQNConfig:
     double: bool = setting(True, "double DQN: the online network picks the next action")
     max_grad_norm: float = setting(
         10.0, "clip each update's gradient norm to this (0: no clipping)", at_least=0
+    )
+    eval_eps: float = setting(
+        0.0,
+        "epsilon of evaluation episodes, and of playing a run (0: greedy)",
+        at_least=0,
+        at_most=1,
+    )
+    random_shift: int = setting(
+        0,
+        "shift each sampled observation and next observation by up to N pixels (edge-padded, "
+        "randomly cropped back; DrQ), independently (0: none; Atari only)",
+        at_least=0,
     )
 
 
@@ -662,6 +684,7 @@ def validate(config: Config) -> None:
     check_env_registered(config.env.name)
     env_spec = gym.spec(config.env.name.split(":")[-1])
     check_spaces(config.algo, config.env)
+    check_atari(config)
     episode_len = env_spec.max_episode_steps
     if samples_sequences(config.replay.sampler):
         window = config.replay.burn_in + config.replay.slice_len
@@ -774,6 +797,10 @@ def check_cudagraphs(config: Config) -> None:
 
 
 SEQUENCE_SAMPLERS = ("prioritized_slice", "slice", "prioritized_sequence")
+# The samplers that rebuild an Atari game's frame stacks (check_atari).
+FRAME_SAMPLERS = ("prioritized_slice", "slice")
+# Gymnasium's entry point of every Atari game (ale_py).
+ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 
 
 def samples_sequences(sampler: str) -> bool:
@@ -848,10 +875,56 @@ def check_env_registered(env_name: str) -> None:
             raise ConfigError(
                 f"env.name={env_name!r}: cannot import {module!r} ({error})"
             ) from None
-    if env_name.split(":")[-1] not in gym.envs.registry:
+    if not is_registered(env_name.split(":")[-1]):
         raise ConfigError(
             f"env.name={env_name!r} is not a registered Gymnasium environment "
             "(see gymnasium.envs.registry for the accepted ids, or give module:id)"
+        )
+
+
+def is_registered(env_id: str) -> bool:
+    """Whether Gymnasium knows ``env_id``. It learns the ids of the Atari games (e.g.
+    BreakoutNoFrameskip-v4) from ale_py, imported here at the first id it does not know
+    rather than by every run (it takes a quarter of a second)."""
+    if env_id not in gym.envs.registry:
+        import ale_py
+
+        gym.register_envs(ale_py)
+    return env_id in gym.envs.registry
+
+
+def is_atari(env_name: str) -> bool:
+    """Whether ``env.name`` is a game of the Arcade Learning Environment."""
+    env_id = env_name.split(":")[-1]
+    return is_registered(env_id) and gym.spec(env_id).entry_point == ATARI_ENTRY_POINT
+
+
+def check_atari(config: Config) -> None:
+    """An Atari game is learned from stacks of frames that the replay buffer stores once
+    (:mod:`rl_app.frames`): rebuilt along sampled slices, next to one-slot reset slots that
+    only the slice samplers, with slices of two steps or more, never draw."""
+    if not is_atari(config.env.name):
+        if config.dqn.random_shift:
+            raise ConfigError(
+                f"dqn.random_shift={config.dqn.random_shift} shifts frames: {config.env.name} "
+                "observes none (set dqn.random_shift=0, or train on an Atari game)"
+            )
+        return
+    replay = config.replay
+    if replay.sampler not in FRAME_SAMPLERS:
+        raise ConfigError(
+            f"replay.sampler={replay.sampler!r} is not accepted with an Atari game, whose frame "
+            f"stacks are rebuilt along slices: choose one of {', '.join(FRAME_SAMPLERS)}"
+        )
+    if replay.slice_len < 2:
+        raise ConfigError(
+            f"replay.slice_len={replay.slice_len} is out of range with an Atari game: it must "
+            "be at least 2 (one-step slices would draw the buffer's reset slots)"
+        )
+    if config.network.recurrent != "none" or config.env.normalize_observations:
+        raise ConfigError(
+            f"{config.env.name} is learned by the Nature CNN from raw frames: set "
+            "network.recurrent=none and env.normalize_observations=false"
         )
 
 

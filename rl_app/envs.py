@@ -9,21 +9,27 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 import torch
+from gymnasium.wrappers import AtariPreprocessing, TimeLimit
 from torchrl.data import Unbounded
 from torchrl.envs import (
+    CatFrames,
     Compose,
     DoubleToFloat,
     EnvBase,
     GymWrapper,
     InitTracker,
     ObservationNorm,
+    RenameTransform,
     RewardSum,
+    SignTransform,
     StepCounter,
     TensorDictPrimer,
+    Transform,
     TransformedEnv,
+    UnsqueezeTransform,
 )
 
-from rl_app.config import EnvConfig, NetworkConfig
+from rl_app.config import EnvConfig, NetworkConfig, is_atari
 
 # Evaluation episodes use seeds far from the training ones, so that the agent is scored on
 # starts it did not necessarily train from.
@@ -36,6 +42,16 @@ RECURRENT_STATE_KEYS = ("recurrent_state_h", "recurrent_state_c")
 # every env of every run: all of a run's envs (workers, evaluation, play) normalize alike.
 NORMALIZATION_FRAMES = 2_000
 NORMALIZATION_SEED = 0
+# An Atari game observes one 84x84 grayscale frame (uint8) under FRAME_KEY; the Q-network
+# reads the newest FRAME_STACK of them under PIXELS_KEY, oldest first, as in Mnih et al.
+# (2015). An episode ends at ATARI_MAX_FRAMES emulator frames (30 minutes of play, 27,000
+# agent steps of 4 frames), the standard cap since Machado et al. (2018).
+FRAME_KEY = "frame"
+PIXELS_KEY = "pixels"
+FRAME_STACK = 4
+FRAME_SIZE = 84
+FRAME_SKIP = 4
+ATARI_MAX_FRAMES = 108_000
 # Collector i (a worker process or a collection job) seeds its env with seed + i * stride:
 # distinct, reproducible episodes.
 WORKER_SEED_STRIDE = 10_007
@@ -77,11 +93,51 @@ class ObservationIndices(gym.ObservationWrapper):
 
 
 def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
-    """The Gymnasium env ``env.name``, observing ``env.observation_indices`` if set."""
-    gym_env = gym.make(env.name, render_mode=render_mode)
+    """The Gymnasium env ``env.name`` (an Atari game preprocessed as :func:`make_atari_env`
+    says), observing ``env.observation_indices`` if set, its episodes cut at
+    ``env.max_episode_steps`` if set."""
+    if is_atari(env.name):
+        gym_env = make_atari_env(env.name, render_mode)
+    else:
+        gym_env = gym.make(env.name, render_mode=render_mode)
     if env.observation_indices is not None:
         gym_env = ObservationIndices(gym_env, env.observation_indices)
+    if env.max_episode_steps is not None:
+        gym_env = TimeLimit(gym_env, env.max_episode_steps)
     return gym_env
+
+
+def make_atari_env(name: str, render_mode: str | None = None) -> gym.Env:
+    """The Atari game ``name`` as DQN plays it (Mnih et al., 2015): up to 30 no-op actions
+    after each reset, each action repeated for FRAME_SKIP emulator frames, the last two of
+    which are max-pooled (sprites flicker), grayscale, resized to 84x84; episodes end at
+    ATARI_MAX_FRAMES. A lost life is not a terminal: Machado et al. (2018) recommend it, and
+    the evaluation return is then the score of a whole game."""
+    game = gym.make(
+        name,
+        render_mode=render_mode,
+        frameskip=1,  # FRAME_SKIP is AtariPreprocessing's, which needs the raw frames
+        max_num_frames_per_episode=ATARI_MAX_FRAMES,
+    )
+    return AtariPreprocessing(
+        game,
+        noop_max=30,
+        frame_skip=FRAME_SKIP,
+        screen_size=FRAME_SIZE,
+        grayscale_obs=True,
+        terminal_on_life_loss=False,
+    )
+
+
+def frame_stacking() -> list[Transform]:
+    """The game's frame under FRAME_KEY, and the newest FRAME_STACK frames under
+    PIXELS_KEY, [FRAME_STACK, 84, 84]: CatFrames fills the stack of an episode's first step
+    with copies of its first frame."""
+    return [
+        RenameTransform(["observation"], [FRAME_KEY]),
+        UnsqueezeTransform(-3, in_keys=[FRAME_KEY], out_keys=[PIXELS_KEY]),
+        CatFrames(N=FRAME_STACK, dim=-3, in_keys=[PIXELS_KEY]),
+    ]
 
 
 def recurrent_state_primer(network: NetworkConfig) -> TensorDictPrimer:
@@ -103,6 +159,10 @@ def make_env(
     (``episode_reward``) and ``is_init`` flags at episode starts; with a recurrent
     ``network``, also the policy's recurrent state (``RECURRENT_STATE_KEYS``).
 
+    An Atari game observes uint8 frames instead (:func:`frame_stacking`), and the reward
+    the learner sees is clipped to its sign (Mnih et al., 2015), after ``episode_reward``
+    has summed the game's score: training and evaluation returns are scores.
+
     With ``env.num_envs > 1`` it is a batch of envs stepped together in this process (a
     Gymnasium ``SyncVectorEnv``): one policy call and one TorchRL step serve them all. Its
     envs reset one by one when their episodes end (TorchRL asks for partial resets, so the
@@ -117,6 +177,8 @@ def make_env(
         )
     base = GymWrapper(gym_env, device=device)
     transforms = [DoubleToFloat(), StepCounter(), RewardSum(), InitTracker()]
+    if is_atari(env.name):
+        transforms = [*frame_stacking(), *transforms, SignTransform(in_keys=["reward"])]
     if network is not None and network.recurrent != "none":
         transforms.append(recurrent_state_primer(network))
     transformed = TransformedEnv(base, Compose(*transforms))

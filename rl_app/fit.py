@@ -3,7 +3,9 @@
 At its full size a run holds ``replay.capacity`` stored transitions (memory-mapped files in
 the run directory, or GPU memory with ``replay.device=cuda``), the sampler's state in RAM,
 and on disk up to ``checkpoint.keep_last`` + 2 checkpoints (the kept ones, the best, and the
-one being saved), each a full copy of the buffer. :func:`check_fit` estimates them from the
+one being saved), each with the sampler's state but not the data, and the undo journals of
+the kept ones, up to an evaluation interval's data each (:mod:`rl_app.journal`); with
+``replay.device=cuda`` each checkpoint copies the data. :func:`check_fit` estimates them from the
 env's specs and the settings, and refuses a run this machine cannot hold with a
 :class:`~rl_app.config.ConfigError` naming ``replay.capacity``. The networks, their
 optimizer state and an iteration's sampled batches are not counted: they do not grow with
@@ -24,7 +26,7 @@ import torch
 from torchrl.envs import EnvBase
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import CHECKPOINTS_DIR, REPLAY_DIR, Config, ConfigError
+from rl_app.config import CHECKPOINTS_DIR, JOURNAL_DIR, REPLAY_DIR, Config, ConfigError
 from rl_app.envs import make_env
 from rl_app.replay import stored_transition
 
@@ -35,11 +37,10 @@ TREE_VALUE_BYTES = 4
 # The writer stamps every slot with a generation (int64), kept where the storage is and
 # saved in each checkpoint; the buffer holding them doubles as the storage fills.
 GENERATION_BYTES = 8
-# A checkpoint saves the trees as float64, read through Python lists of floats: up to 46
-# bytes per slot of RAM while it lasts, counted as 48 (more than loading them on resume,
-# 40, or the prioritized slice sampler's scan of the trajectories, 27).
-TREE_FILE_BYTES = 16
-TREE_SAVE_BYTES = 48
+# A checkpoint saves the trees' leaves, a float32 each per slot; saving them copies the
+# trees first (TorchRL's state_dict), then reads the leaves out, next to a copy of the
+# generations.
+TREE_LEAF_BYTES = 8
 # RunCheckpoints.save asks for 1.1x a checkpoint of free disk before writing one.
 SAVE_MARGIN = 1.1
 # cgroup v2 and v1 memory controllers: where they are mounted, their limit and usage files.
@@ -59,8 +60,9 @@ class Footprint:
     ram: int  # the trees, the generations on the CPU, and the peak of saving or growing them
     gpu: int  # with replay.device=cuda: the replay data and its generations
     replay_files: int  # the memory-mapped replay files, their disk space taken at start
-    checkpoint: int  # one checkpoint's copy of the buffer
+    checkpoint: int  # one checkpoint's replay state (with replay.device=cuda, its data too)
     checkpoints: int  # checkpoints on disk at once, at most
+    journals: int  # the undo journals of the checkpoints a run resumes from
 
     @property
     def checkpoints_disk(self) -> int:
@@ -91,10 +93,11 @@ def footprint(config: Config, transition_bytes: int, capacity: int | None = None
     data = transition_bytes * capacity
     generations = GENERATION_BYTES * capacity
     trees = 2 * 2 * 2 ** capacity.bit_length() * TREE_VALUE_BYTES if prioritized else 0
-    saving_trees = TREE_SAVE_BYTES * capacity if prioritized else 0
+    leaves = TREE_LEAF_BYTES * capacity if prioritized else 0
+    saving = (trees + leaves if prioritized else 0) + generations
     # Generations grow by doubling: the old buffer and the new one, for a moment.
     gpu = data + 2 * generations if on_gpu else 0
-    ram = trees + saving_trees if on_gpu else trees + generations + max(saving_trees, generations)
+    ram = trees + saving if on_gpu else trees + generations + saving
     return Footprint(
         capacity=capacity,
         transition=transition_bytes,
@@ -102,8 +105,14 @@ def footprint(config: Config, transition_bytes: int, capacity: int | None = None
         ram=ram,
         gpu=gpu,
         replay_files=0 if on_gpu else data,
-        checkpoint=data + generations + (TREE_FILE_BYTES * capacity if prioritized else 0),
+        checkpoint=(data if on_gpu else 0) + generations + leaves,
         checkpoints=config.checkpoint.keep_last + 2,
+        # Each journal holds the overwritten slots of one evaluation interval, at most.
+        journals=0
+        if on_gpu
+        else config.checkpoint.keep_last
+        * min(config.eval.interval_frames, capacity)
+        * transition_bytes,
     )
 
 
@@ -141,7 +150,12 @@ def resources(config: Config) -> list[Resource]:
     run_dir = Path(config.run_dir).absolute()
     shown = nearest_existing(run_dir)  # the place named, unless a part is mounted elsewhere
     disks: dict[int, Resource] = {}  # one per file system
-    for part, name in {"replay_files": REPLAY_DIR, "checkpoints_disk": CHECKPOINTS_DIR}.items():
+    places = {
+        "replay_files": REPLAY_DIR,
+        "checkpoints_disk": CHECKPOINTS_DIR,
+        "journals": JOURNAL_DIR,
+    }
+    for part, name in places.items():
         place = nearest_existing(run_dir / name)
         if not os.access(place, os.W_OK):
             continue
@@ -183,6 +197,7 @@ def describe(fp: Footprint, found: list[Resource], verb: str) -> str:
         "gpu": "the replay data",
         "replay_files": "the replay files",
         "checkpoints_disk": f"{fp.checkpoints} checkpoints",
+        "journals": "their replay journals",
     }
     wanted, room = [], []
     for resource in found:
@@ -226,7 +241,7 @@ def nearest_existing(path: Path) -> Path:
 
 def own_files_disk(run_dir: Path, device: int) -> int:
     """Disk space that the run's own files hold on file system ``device``: a restart empties
-    the replay files, and a resumed run's checkpoints are among those it keeps."""
+    the replay files and journals, and a resume keeps them and its checkpoints."""
     return sum(
         stat.st_blocks * 512
         for file in run_files(run_dir)
@@ -235,8 +250,10 @@ def own_files_disk(run_dir: Path, device: int) -> int:
 
 
 def run_files(run_dir: Path) -> Iterator[Path]:
-    """The replay files and checkpoints of the run in ``run_dir`` (none if it is new)."""
-    for directory in (run_dir / REPLAY_DIR, *(run_dir / CHECKPOINTS_DIR).glob("checkpoint-*")):
+    """The replay files, journals and checkpoints of the run in ``run_dir`` (none if it is
+    new)."""
+    directories = (run_dir / REPLAY_DIR, run_dir / JOURNAL_DIR)
+    for directory in (*directories, *(run_dir / CHECKPOINTS_DIR).glob("checkpoint-*")):
         yield from (file for file in directory.rglob("*") if file.is_file())
 
 

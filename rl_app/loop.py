@@ -10,7 +10,9 @@ checkpoint then neither repeats nor misses a row.
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import functools
 import logging
 import math
 import random
@@ -48,6 +50,7 @@ from rl_app.collection import (
 from rl_app.config import (
     CHECKPOINTS_DIR,
     CONFIG_FILE,
+    JOURNAL_DIR,
     REPLAY_DIR,
     Config,
     holds_checkpoint,
@@ -56,10 +59,17 @@ from rl_app.config import (
 from rl_app.envs import make_env
 from rl_app.evaluation import evaluate
 from rl_app.fit import check_fit
+from rl_app.frames import extend_buffer, stack_frames
 from rl_app.interrupts import StopRequest
+from rl_app.journal import (
+    JournaledStorage,
+    ReplayState,
+    StorageDamaged,
+    UndoJournal,
+    restorable_from,
+)
 from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
 from rl_app.replay import (
-    TRAJECTORY_KEY,
     allocate_storage,
     make_replay_buffer,
     recurrent_state_drift,
@@ -169,6 +179,27 @@ class Run:
     def close(self) -> None:
         self.collector.shutdown()
         self.logger.close()
+        if self.checkpoints.journal is not None:
+            self.checkpoints.journal.close()
+
+
+# glibc's malloc settings (mallopt): blocks up to this size come from its heap, and it
+# keeps up to this much freed memory instead of handing it back to the system.
+M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1
+KEPT_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep freed memory for reuse: by default it returns every block
+    over 128 kB to the system when freed, so each iteration's sampled batches (tens of MB
+    of frames on Atari) are faulted back in page by page. Rebuilding frame stacks ran 2x
+    faster with it (docs/speed.md). Nothing changes without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, KEPT_BYTES)
+    libc.mallopt(M_TRIM_THRESHOLD, 2 * KEPT_BYTES)
 
 
 def seed_everything(seed: int) -> None:
@@ -178,9 +209,9 @@ def seed_everything(seed: int) -> None:
 
 
 def prepare_run_dir(run_dir: Path, resuming: bool) -> None:
-    """Make sure the run directory is writable, and clear what must not be reused: the
-    replay scratch files always (a checkpoint holds the buffer), and on a fresh start the
-    metrics and logs of an earlier attempt that never saved a checkpoint."""
+    """Make sure the run directory is writable and, on a fresh start, clear what an
+    earlier attempt that never saved a checkpoint left: its replay files and journals,
+    metrics and logs. A resume keeps them: its checkpoint restores the replay files."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".writable"
@@ -188,10 +219,10 @@ def prepare_run_dir(run_dir: Path, resuming: bool) -> None:
         probe.unlink()
     except OSError as error:
         raise RunFailed(f"run_dir {run_dir} is not writable: {error.strerror}") from None
-    stale = [run_dir / REPLAY_DIR]
-    if not resuming:
-        stale += [run_dir / name for name in (METRICS_FILE, CURVE_FILE, LOGS_DIR, CHECKPOINTS_DIR)]
-    for path in stale:
+    if resuming:
+        return
+    stale = (REPLAY_DIR, JOURNAL_DIR, METRICS_FILE, CURVE_FILE, LOGS_DIR, CHECKPOINTS_DIR)
+    for path in (run_dir / name for name in stale):
         if path.is_dir():  # empty it but keep it: it may be a mount point of its own
             for child in path.iterdir():
                 shutil.rmtree(child) if child.is_dir() else child.unlink()
@@ -203,6 +234,7 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     """Create every part of the run, each from its factory, in a prepared run directory."""
     run_dir = Path(config.run_dir)
     skip_pandas_lookups()  # every env step and eager update runs faster (upstream.py)
+    keep_freed_memory()
     prepare_run_dir(run_dir, resuming)
     (run_dir / CONFIG_FILE).write_text(to_yaml(config))
     torch.set_num_threads(config.threads)
@@ -218,6 +250,9 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         allocate_storage(buffer, transition)
     except OSError as error:
         raise RunFailed(f"the replay buffer cannot take its space: {error.strerror}") from None
+    journal = None
+    if isinstance(buffer.storage, JournaledStorage):
+        journal = UndoJournal(buffer.storage, run_dir / JOURNAL_DIR)
     collector = make_collector(config, algorithm, devices)
     progress = Progress()
     logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
@@ -227,14 +262,14 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         {
             **algorithm.checkpoint_components(),
             POLICY_COMPONENT: algorithm.policy,
-            "replay_buffer": buffer,
+            "replay_buffer": ReplayState(buffer, journal),
             "collector": CollectorState(collector),
             "rng": GlobalRNGState(),
             "progress": progress,
             "logger": logger,
             "config": dataclasses.asdict(config),
         },
-        replay_dir=run_dir / REPLAY_DIR,
+        journal,
     )
     weight_sync = WeightSync(collector, algorithm, config.env.name)
     return Run(
@@ -264,7 +299,13 @@ def train_locked(config: Config, run_dir: Path) -> TrainResult:
     run = build_run(config, resuming=resume_from is not None)
     try:
         if resume_from is not None:
-            run.checkpoints.load(resume_from)
+            try:
+                run.checkpoints.load(resume_from)
+            except StorageDamaged as error:
+                raise RunFailed(
+                    f"cannot resume: {error}; its checkpoints still play (rl_app.play), "
+                    "and a new run_dir trains afresh"
+                ) from None
             run.checkpoints.record_best()  # a fallback may have set the best one aside
             run.logger.rewind(run.progress.frames)
             log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
@@ -284,7 +325,9 @@ def find_resume_point(run_dir: Path) -> Path:
     """The newest checkpoint that verifies. Damaged newer ones are set aside as
     ``corrupt-*`` with the reason logged; if none verifies, nothing is touched."""
     try:
-        chosen, passed_over = choose_checkpoint(run_dir / CHECKPOINTS_DIR)
+        chosen, passed_over = choose_checkpoint(
+            run_dir / CHECKPOINTS_DIR, restorable_from(run_dir / JOURNAL_DIR)
+        )
     except CorruptCheckpoint as error:
         raise RunFailed(f"cannot resume: {error}") from None
     for damaged, why in passed_over:
@@ -324,7 +367,7 @@ def run_iterations(run: Run) -> TrainResult:
             progress.episodes += episodes_ended(batch)
             algorithm.after_collect(batch.numel())
             with phases("extending the buffer"):
-                buffer.extend(batch.reshape(-1).select(*algorithm.replay_keys(), TRAJECTORY_KEY))
+                extend_buffer(buffer, batch, algorithm.replay_keys())
 
             update_metrics, state_metrics = [], {}
             if config.optim.anneal_lr:
@@ -337,6 +380,7 @@ def run_iterations(run: Run) -> TrainResult:
                         config.optim.batch_size,
                         updates_per_iteration,
                         run.devices.learner,
+                        functools.partial(stack_frames, buffer),
                     )
                 for sample in samples:
                     with phases("updating"):

@@ -4,7 +4,7 @@ chosen by ``replay.sampler`` (prioritized slices of whole trajectories by defaul
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -25,6 +25,7 @@ from torchrl.envs import EnvBase
 
 from rl_app.config import ReplayConfig, samples_sequences
 from rl_app.envs import RECURRENT_STATE_KEYS
+from rl_app.journal import JournaledStorage, record_patch
 from rl_app.upstream import lay_out_storage
 
 # The collector numbers every trajectory; slices are cut within one id.
@@ -79,7 +80,8 @@ def make_replay_buffer(
     if replay.device.startswith("cuda"):
         storage = LazyTensorStorage(replay.capacity, device=replay.device)
     else:
-        storage = LazyMemmapStorage(replay.capacity, scratch_dir=scratch_dir)
+        # Files kept across a resume: checkpoints restore them (rl_app.journal).
+        storage = JournaledStorage(replay.capacity, scratch_dir=scratch_dir, existsok=True)
     sequence = None
     if replay.sampler == "prioritized_sequence":
         # Each sampled anchor expands into burn_in steps before it and slice_len from it,
@@ -137,9 +139,12 @@ def sample_batches(
     batch_size: int,
     count: int,
     device: torch.device | str = "cpu",
+    complete: Callable[[TensorDictBase], TensorDictBase] | None = None,
 ) -> list[TensorDictBase]:
-    """``count`` batches of ``batch_size`` for as many updates, drawn in one sampler call
-    and moved to ``device`` at once: ``[slices, slice_len]`` steps (time last) from a slice
+    """``count`` batches of ``batch_size`` for as many updates, drawn in one sampler call,
+    given what is not stored by ``complete`` (if given: :func:`rl_app.frames.stack_frames`
+    rebuilds frame stacks) and moved to ``device`` at once: ``[slices, slice_len]`` steps
+    (time last) from a slice
     sampler, ``[batch_size / slice_len, burn_in + slice_len]`` from the sequence sampler
     (see :func:`sequence_windows`), ``[batch_size]`` transitions from the others.
 
@@ -152,7 +157,8 @@ def sample_batches(
         anchors = count * batch_size // replay.slice_len
         windows = sequence_windows(buffer.sample(anchors).reshape(anchors, -1))
         return list(windows.to(device).reshape(count, -1, windows.shape[1]).unbind(0))
-    sample = buffer.sample(count * batch_size).to(device)
+    sample = buffer.sample(count * batch_size)
+    sample = (sample if complete is None else complete(sample)).to(device)
     if samples_sequences(replay.sampler):
         return list(sample.reshape(count, -1, replay.slice_len).unbind(0))
     return list(sample.reshape(count, -1).unbind(0))
@@ -188,7 +194,8 @@ def slice_priorities(
     over the ``counted`` steps if given (a sequence's learning steps)."""
     if counted is None:
         counted = torch.ones_like(step_priorities, dtype=torch.bool)
-    largest = step_priorities.masked_fill(~counted, float("-inf")).amax(dim=1)
+    # A slice without a counted step (its frame stacks lost to overwriting) takes 0.
+    largest = step_priorities.masked_fill(~counted, float("-inf")).amax(dim=1).clamp_min(0)
     mean = (step_priorities * counted).sum(dim=1) / counted.sum(dim=1).clamp_min(1)
     return SLICE_PRIORITY_ETA * largest + (1 - SLICE_PRIORITY_ETA) * mean
 
@@ -254,6 +261,7 @@ def write_recurrent_states(
     many records were written."""
     valid = valid_records(sequences)
     keys = [*RECURRENT_STATE_KEYS, *(("next", key) for key in RECURRENT_STATE_KEYS)]
+    record_patch(buffer.storage, sequences["index"][valid].cpu(), keys)
     result = buffer.update_if_present(
         index=sequences["index"][valid].cpu(),
         generation=sequences["index_generation"][valid].cpu(),

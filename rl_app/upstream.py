@@ -23,6 +23,9 @@ deleted) once TorchRL changes that behaviour. Nothing else in rl_app touches a p
    extend only (private ``_init``).
 8. :func:`skip_pandas_lookups`: tensordict searches ``sys.path`` for pandas on every
    output of a ``TensorDictModule``.
+9. :func:`replay_generator`, :func:`set_storage_length`, :func:`sampler_state`,
+   :func:`load_sampler_state`: a replay buffer's state without its stored data (its
+   ``state_dict`` holds the data too), in tensors that load without unpickling objects.
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
-from torchrl.data import TensorStorage
+from torchrl.data import ReplayBuffer, TensorStorage
+from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.envs import EnvBase
 from torchrl.modules import LSTMModule
 from torchrl.objectives import SACLoss
@@ -322,3 +326,51 @@ def skip_pandas_lookups() -> None:
     ``test_tensordict_still_looks_for_pandas_on_every_module_output``."""
     if "pandas" not in sys.modules and importlib.util.find_spec("pandas") is None:
         sys.modules["pandas"] = None
+
+
+# -- 9. a replay buffer's state without its data -------------------------------------------
+
+
+def replay_generator(buffer: ReplayBuffer) -> torch.Generator:
+    """The generator a replay buffer samples with: ``set_rng`` sets it, and only
+    ``state_dict`` (which also holds the whole storage) reads it back, from the private
+    ``_rng``. Test: ``test_a_replay_buffer_keeps_its_generator_in_a_private_attribute``."""
+    return buffer._rng
+
+
+def set_storage_length(storage: TensorStorage, length: int) -> None:
+    """Set how many records ``storage`` holds, as ``load_state_dict`` does with the data
+    it loads, through the private ``_len``. Test:
+    ``test_a_storage_length_is_set_through_a_private_attribute``."""
+    storage._len = length
+
+
+# A prioritized sampler's state_dict holds its segment trees as C++ extension objects.
+SEGMENT_TREES = ("_sum_tree", "_min_tree")
+
+
+def sampler_state(sampler: Sampler) -> dict[str, Any]:
+    """``sampler.state_dict()`` with a prioritized sampler's segment trees as tensors of
+    their leaves: loadable with ``torch.load(weights_only=True)``, as every checkpoint
+    component is. Test: ``test_a_prioritized_sampler_state_holds_extension_objects``."""
+    state = sampler.state_dict()
+    for key in SEGMENT_TREES:
+        if key in state:
+            state[key] = state[key][torch.arange(state[key].size)]
+    if "_max_priority" in state:  # views into a larger tensor, which torch.save writes whole
+        state["_max_priority"] = tuple(
+            value.clone() if isinstance(value, torch.Tensor) else value
+            for value in state["_max_priority"]
+        )
+    return state
+
+
+def load_sampler_state(sampler: Sampler, state: dict[str, Any]) -> None:
+    """Load a :func:`sampler_state`: each tree's leaves are written into a copy of the
+    sampler's own tree, whose inner nodes they determine exactly."""
+    trees = sampler.state_dict()
+    for key in SEGMENT_TREES:
+        if key in state:
+            trees[key].update(torch.arange(trees[key].size), state[key])
+            state = {**state, key: trees[key]}
+    sampler.load_state_dict(state)

@@ -172,15 +172,26 @@ def hold_lock_in_another_process(run_dir: Path, seconds: float) -> subprocess.Po
 def random_play(env_name: str, frames: int) -> TensorDict:
     """Real transitions of a random policy, with the collector's trajectory ids: the same
     ones whatever ran before (the policy draws from torch's seeded generator)."""
-    env = make_env(EnvConfig(name=env_name), seed=0)
+    return random_play_batches(env_name, frames, frames)[0]
+
+
+def random_play_batches(
+    env_name: str, frames: int, frames_per_batch: int, **env_settings: Any
+) -> list[TensorDict]:
+    """:func:`random_play` as the collector's batches of ``frames_per_batch``, in order;
+    ``env_settings`` are ``env.*`` settings (e.g. ``max_episode_steps=100``)."""
+    env = make_env(EnvConfig(name=env_name, **env_settings), seed=0)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         collector = Collector(
-            env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
+            env,
+            RandomPolicy(env.action_spec),
+            frames_per_batch=frames_per_batch,
+            total_frames=frames,
         )
-        batch = next(iter(collector))
+        batches = list(collector)
     collector.shutdown()
-    return batch
+    return batches
 
 
 def run_files(run_dir: Path) -> dict[str, tuple[int, int]]:

@@ -16,6 +16,7 @@ from tensordict import TensorDict
 
 from rl_app.checkpointing import CorruptCheckpoint, choose_checkpoint
 from rl_app.config import ConfigError, load_config
+from rl_app.journal import restorable_from
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, build_run, run_iterations, train
 from tests import faulty_envs
@@ -76,6 +77,8 @@ TARGETS = {
     "td0": ["optim.target=td0"],
     "td_lambda": ["optim.target=td_lambda"],
     "recurrent_dqn": RECURRENT_DQN,
+    # The buffer wraps before the stop and after it; refreshed recurrent states patch it.
+    "recurrent_dqn_wrapping": [*RECURRENT_DQN, "replay.capacity=600"],
 }
 
 
@@ -147,7 +150,7 @@ def test_kill_9_then_resume_continues_counters_buffer_and_metrics(tmp_path: Path
 
     config = load_config("default", [f"run_dir={run_dir}"])
     chosen, _ = choose_checkpoint(run_dir / "checkpoints")
-    killed_buffer = TensorDict.load_memmap(run_dir / "replay").clone()  # before resume wipes it
+    killed_buffer = TensorDict.load_memmap(run_dir / "replay").clone()  # before its restore
     run = build_run(config, resuming=True)
     try:
         run.checkpoints.load(chosen)
@@ -235,12 +238,6 @@ def damageable_files(run_dir: Path) -> list[str]:
             (f for f in component.rglob("*") if f.is_file()), key=lambda f: f.stat().st_size
         )
         files.append(largest.relative_to(newest).as_posix())
-        if component.name.endswith("replay_buffer"):
-            files += [
-                f.relative_to(newest).as_posix()
-                for f in component.rglob("*")
-                if f.name in ("sumtree.memmap", "mintree.memmap")
-            ]
     return files
 
 
@@ -259,7 +256,7 @@ def test_every_damaged_file_is_detected_and_the_previous_checkpoint_used(
     saved_run: Path, tmp_path: Path, how: str
 ) -> None:
     files = damageable_files(saved_run)
-    assert any("storage" in f for f in files) and any("sumtree" in f for f in files)
+    assert any("replay_buffer" in f for f in files)
     assert any("sac_networks" in f for f in files) and any("optimizer" in f for f in files)
     for relative in files:
         copy = tmp_path / f"{how}-{relative.replace('/', '_')}"
@@ -275,8 +272,7 @@ def test_resume_falls_back_and_says_why(saved_run: Path, tmp_path: Path) -> None
     run_dir = tmp_path / "run"
     shutil.copytree(saved_run, run_dir)
     newest = sorted((run_dir / "checkpoints").glob("checkpoint-*"))[-1]
-    storage = next((newest / "components").glob("*replay_buffer/storage/**/*.memmap"))
-    damage(storage, "zero")
+    damage(next((newest / "components").glob("*replay_buffer/state.pt")), "zero")
     result = subprocess.run(
         [PYTHON, str(TRAIN_PY), f"run_dir={run_dir}", "collector.total_frames=1600"],
         capture_output=True, text=True, timeout=300,
@@ -285,6 +281,23 @@ def test_resume_falls_back_and_says_why(saved_run: Path, tmp_path: Path) -> None
     assert f"{newest.name}" in result.stderr and "checksum mismatch" in result.stderr
     assert "resumed from" in result.stderr and "at 800 frames" in result.stderr
     assert_frames_continuous(read_metrics(run_dir), 200, 1600)
+
+
+def test_damaged_replay_files_stop_a_resume_with_a_clear_message(
+    saved_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved_run, run_dir)
+    with open(run_dir / "replay" / "observation.memmap", "r+b") as file:
+        file.seek(100)
+        file.write(b"\xff" * 4)
+    result = subprocess.run(
+        [PYTHON, str(TRAIN_PY), f"run_dir={run_dir}", "collector.total_frames=1600"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "cannot resume: the replay buffer's files" in result.stderr
+    assert "observation slots 0-1023" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_no_good_checkpoint_exits_with_an_error_and_touches_nothing(
@@ -332,8 +345,8 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
 ) -> None:
     run_dir = tmp_path / "run"
     checkpoints = run_dir / "checkpoints"
-    # Room for about one checkpoint (each ~0.6 MB here) in a file system of its own.
-    tmpfs(checkpoints, "size=1m")
+    # Room for about one checkpoint (each ~0.2 MB here) in a file system of its own.
+    tmpfs(checkpoints, "size=320k")
     (run_dir / "config.yaml").write_text("")  # a run directory prepared by hand
     config = tiny_config(run_dir=run_dir)
     # Built and run past train()'s check at the start, which would refuse a run whose
@@ -350,6 +363,32 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
     run = build_run(load_config("default", [f"run_dir={run_dir}"]), resuming=True)
     try:
         run.checkpoints.load(chosen)
+        assert run.progress.frames == int(chosen.name.split("-")[1])
+    finally:
+        run.close()
+
+
+def test_disk_full_while_journaling_leaves_the_last_checkpoint_restorable(
+    tiny_config, tmp_path: Path, tmpfs
+) -> None:
+    run_dir = tmp_path / "run"
+    # The buffer wraps after the first checkpoint: the next 1,000 frames journal ~45 kB.
+    tmpfs(run_dir / "replay-journal", "size=32k")
+    (run_dir / "config.yaml").write_text("")
+    settings = ["replay.capacity=1200", "collector.total_frames=4000", "eval.interval_frames=1000"]
+    run = build_run(tiny_config(*settings, run_dir=run_dir))
+    with pytest.raises(OSError, match="No space left on device"):
+        try:
+            run_iterations(run)
+        finally:
+            run.close()
+    assert run.phases.current == "extending the buffer"
+    chosen, _ = choose_checkpoint(
+        run_dir / "checkpoints", restorable_from(run_dir / "replay-journal")
+    )
+    run = build_run(load_config("default", [f"run_dir={run_dir}"]), resuming=True)
+    try:
+        run.checkpoints.load(chosen)  # restored through the journal, every chunk checked
         assert run.progress.frames == int(chosen.name.split("-")[1])
     finally:
         run.close()

@@ -50,14 +50,16 @@ def test_sac_halfcheetah_preset_trains_on_the_cpu_out_of_the_box(tiny_config) ->
 
 
 def test_checkpoint_restores_into_fresh_objects(tiny_config, tmp_path: Path) -> None:
-    trained = build_run(tiny_config(run_dir=tmp_path / "trained"))
+    config = tiny_config(run_dir=tmp_path / "trained")
+    trained = build_run(config)
     try:
         run_iterations(trained)
     finally:
         trained.close()
     latest = trained.checkpoints.latest()
 
-    fresh = build_run(tiny_config(run_dir=tmp_path / "fresh"))
+    # The run's own directory: its replay files are the buffer a checkpoint restores.
+    fresh = build_run(config, resuming=True)
     try:
         fresh.checkpoints.load(latest)
     finally:

@@ -19,7 +19,12 @@ from tensordict.nn import TensorDictModule, TensorDictSequential
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
-from torchrl.data import LazyMemmapStorage
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    PrioritizedSliceSampler,
+    TensorDictReplayBuffer,
+)
 from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.weight_update import MultiProcessWeightSyncScheme
@@ -33,6 +38,10 @@ from rl_app.upstream import (
     GuardedWeightSyncScheme,
     gymnasium_env,
     lay_out_storage,
+    load_sampler_state,
+    replay_generator,
+    sampler_state,
+    set_storage_length,
     undo_trajectory_id_shifts,
     unrolling_view,
     without_tensorclass_memo_guards,
@@ -250,3 +259,31 @@ def test_tensordict_still_looks_for_pandas_on_every_module_output(monkeypatch) -
     module = TensorDictModule(torch.nn.Linear(2, 2), in_keys=["x"], out_keys=["y"])
     module(TensorDict({"x": torch.ones(2)}, []))
     assert "pandas" in looked_up
+
+
+def test_a_replay_buffer_keeps_its_generator_in_a_private_attribute() -> None:
+    generator = torch.Generator()
+    buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(4), generator=generator)
+    assert replay_generator(buffer) is generator
+    assert "_storage" in buffer.state_dict()  # the public state holds the data too
+
+
+def test_a_storage_length_is_set_through_a_private_attribute(tmp_path) -> None:
+    storage = LazyMemmapStorage(10, scratch_dir=tmp_path)
+    storage.set(torch.arange(6), TensorDict({"x": torch.arange(6.0)}, [6]))
+    set_storage_length(storage, 4)
+    assert len(storage) == 4 and storage.get(slice(0, len(storage)))["x"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_prioritized_sampler_state_holds_extension_objects() -> None:
+    def sampler() -> PrioritizedSliceSampler:
+        return PrioritizedSliceSampler(100, alpha=0.6, beta=0.4, slice_len=4, traj_key="t")
+
+    saved = sampler()
+    saved.update_priority(torch.arange(0, 100, 3), torch.linspace(0.1, 9, 34))
+    assert not isinstance(saved.state_dict()["_sum_tree"], torch.Tensor)
+    loaded = sampler()
+    load_sampler_state(loaded, sampler_state(saved))
+    for key in ("_sum_tree", "_min_tree"):
+        before, after = saved.state_dict()[key], loaded.state_dict()[key]
+        assert all(before.query(0, end) == after.query(0, end) for end in range(1, 101))

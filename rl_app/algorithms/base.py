@@ -16,9 +16,11 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import CudaGraphModule, TensorDictModuleBase
+from torchrl.envs import EnvBase
 from torchrl.objectives import LossModule, ValueEstimators
 
 from rl_app.config import OptimConfig, ReplayConfig
+from rl_app.envs import PIXELS_KEY
 from rl_app.replay import LOSS_MASK_KEY, PRIORITY_KEY
 from rl_app.upstream import EAGER_SPLIT, without_tensorclass_memo_guards
 
@@ -109,19 +111,32 @@ def make_value_estimator(loss: LossModule, optim: OptimConfig) -> None:
     loss.make_value_estimator(VALUE_ESTIMATORS[optim.target], **hyperparams)
 
 
-def mask_padded_steps(loss: LossModule, replay: ReplayConfig) -> None:
+def mask_padded_steps(loss: LossModule, replay: ReplayConfig, stacked_frames: bool = False) -> None:
     """With TorchRL's Sequence windows (``replay.sampler=prioritized_sequence``) the loss
     counts only the steps under ``LOSS_MASK_KEY``: learning steps of the sampled episode,
-    neither burn-in steps nor the padding past an episode end (:mod:`rl_app.replay`)."""
-    if replay.sampler == "prioritized_sequence":
+    neither burn-in steps nor the padding past an episode end (:mod:`rl_app.replay`); with
+    ``stacked_frames``, only the steps whose stacks were rebuilt whole (:mod:`rl_app.frames`)."""
+    if replay.sampler == "prioritized_sequence" or stacked_frames:
         loss.loss_mask_key = LOSS_MASK_KEY
 
 
+def observation_dim(env: EnvBase) -> int | None:
+    """The size of ``env``'s flat observation, or None where it observes stacked frames."""
+    if PIXELS_KEY in env.observation_spec.keys():
+        return None
+    return env.observation_spec["observation"].shape[-1]
+
+
 def make_adam(parameters: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Adam:
-    """Adam at ``optim.lr``, fused into one kernel per step with ``optim.fused_adam``, and
-    keeping its step counts on the GPU (capturable) when a CUDA graph replays the update."""
+    """Adam at ``optim.lr`` with epsilon ``optim.adam_eps``, fused into one kernel per step
+    with ``optim.fused_adam``, and keeping its step counts on the GPU (capturable) when a
+    CUDA graph replays the update."""
     return torch.optim.Adam(
-        parameters, lr=optim.lr, fused=optim.fused_adam, capturable=optim.cudagraphs
+        parameters,
+        lr=optim.lr,
+        eps=optim.adam_eps,
+        fused=optim.fused_adam,
+        capturable=optim.cudagraphs,
     )
 
 

@@ -4,7 +4,10 @@ annealed over collected frames and a target network copied every few updates.
 With ``network.recurrent=lstm`` the Q-network is recurrent (an MLP embedding, an LSTM, a
 one-layer MLP Q-head): it acts with its state carried through the episode by the env
 (stored with every frame), and learns from sampled sequences, unrolled from each one's
-stored state."""
+stored state.
+
+An Atari game's Q-network is the Nature CNN, reading stacks of frames that the replay
+buffer stores once (:mod:`rl_app.frames`)."""
 
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ from tensordict.nn import TensorDictModule, TensorDictModuleBase, TensorDictSequ
 from torch import nn
 from torchrl.data import TensorSpec
 from torchrl.envs import EnvBase
+from torchrl.envs.utils import ExplorationType, exploration_type, set_exploration_type
 from torchrl.modules import (
     MLP,
+    ConvNet,
     EGreedyModule,
     LSTMModule,
     QValueActor,
@@ -35,24 +40,70 @@ from rl_app.algorithms.base import (
     make_adam,
     make_value_estimator,
     mask_padded_steps,
+    observation_dim,
 )
 from rl_app.config import Config, DQNConfig, NetworkConfig
-from rl_app.envs import RECURRENT_STATE_KEYS
+from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS
+from rl_app.frames import random_shift, stored_keys
 from rl_app.replay import PRIORITY_KEY
 from rl_app.upstream import unrolling_view
 
+# The Nature CNN's convolutions (Mnih et al., 2015): 84x84 frames come out as 64 maps of
+# 7x7, read by a 512-unit layer.
+NATURE_CONVOLUTIONS = {"num_cells": [32, 64, 64], "kernel_sizes": [8, 4, 3], "strides": [4, 2, 1]}
+NATURE_FEATURES = 64 * 7 * 7
+NATURE_HIDDEN = 512
+
+
+class ScaledFrames(nn.Module):
+    """uint8 frames to floats in [0, 1]: the buffer and the batches keep bytes."""
+
+    def forward(self, frames: torch.Tensor) -> torch.Tensor:
+        return frames.float() / 255
+
+
+def nature_cnn(actions: int) -> nn.Sequential:
+    """[..., FRAME_STACK, 84, 84] uint8 frames -> a Q-value per action."""
+    return nn.Sequential(
+        ScaledFrames(),
+        ConvNet(in_features=FRAME_STACK, activation_class=nn.ReLU, **NATURE_CONVOLUTIONS),
+        MLP(
+            in_features=NATURE_FEATURES,
+            out_features=actions,
+            num_cells=[NATURE_HIDDEN],
+            activation_class=nn.ReLU,
+        ),
+    )
+
+
+class EvaluationEpsilon(EGreedyModule):
+    """Epsilon-greedy with a fixed epsilon, acting only where the policy does not explore
+    (evaluation, playing): a greedy agent can stall a game (Breakout waits for FIRE)."""
+
+    def __init__(self, action_spec: TensorSpec, eps: float) -> None:
+        super().__init__(action_spec, eps_init=eps, eps_end=eps)
+
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        if exploration_type() in (ExplorationType.RANDOM, None):
+            return tensordict  # collecting: the annealed exploration has acted
+        with set_exploration_type(ExplorationType.RANDOM):
+            return super().forward(tensordict)
+
 
 def make_qvalue_actor(
-    network: NetworkConfig, observation_dim: int, action_spec: TensorSpec
+    network: NetworkConfig, observation_dim: int | None, action_spec: TensorSpec
 ) -> TensorDictModuleBase:
     """Observation -> Q-value of every action -> greedy action: an MLP, or with
-    ``network.recurrent=lstm`` an MLP embedding, an LSTM and a one-layer MLP Q-head.
+    ``network.recurrent=lstm`` an MLP embedding, an LSTM and a one-layer MLP Q-head; the
+    Nature CNN for stacked frames (``observation_dim`` None).
 
     The LSTM reads its state from ``RECURRENT_STATE_KEYS`` and writes the next one under
     ``("next", key)``; one step at a time it starts from zeros where ``is_init`` marks an
     episode start. In recurrent mode (``set_recurrent_mode(True)``) it unrolls a
     ``[sequences, steps]`` batch from each sequence's first stored state."""
     actions = action_spec.shape[-1]
+    if observation_dim is None:
+        return QValueActor(nature_cnn(actions), in_keys=[PIXELS_KEY], spec=action_spec)
     if network.recurrent == "none":
         qnetwork = MLP(
             in_features=observation_dim,
@@ -93,7 +144,7 @@ def make_qvalue_actor(
 def make_policy(
     network: NetworkConfig,
     dqn: DQNConfig,
-    observation_dim: int,
+    observation_dim: int | None,
     action_spec: TensorSpec,
     env: EnvBase | None = None,
 ) -> TensorDictSequential:
@@ -101,7 +152,8 @@ def make_policy(
     linearly over ``dqn.eps_annealing_frames`` by :meth:`EGreedyModule.step`.
 
     The exploration step acts only when the policy explores (collection); evaluation runs
-    it deterministically, which leaves the greedy action. ``env`` is accepted and unused
+    it deterministically, which leaves the greedy action, or with ``dqn.eval_eps`` a
+    random one that often (:class:`EvaluationEpsilon`). ``env`` is accepted and unused
     because TorchRL's Evaluator calls policy factories with the evaluation env."""
     actor = make_qvalue_actor(network, observation_dim, action_spec)
     explore = EGreedyModule(
@@ -110,6 +162,8 @@ def make_policy(
         eps_end=dqn.eps_end,
         annealing_num_steps=dqn.eps_annealing_frames,
     )
+    if dqn.eval_eps:
+        return TensorDictSequential(actor, explore, EvaluationEpsilon(action_spec, dqn.eval_eps))
     return TensorDictSequential(actor, explore)
 
 
@@ -117,7 +171,7 @@ class DQN(Algorithm):
     """DQN (double by default) with a hard-copied target network."""
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
-        self._observation_dim = env.observation_spec["observation"].shape[-1]
+        self._observation_dim = observation_dim(env)
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._network = config.network
         self._dqn = config.dqn
@@ -135,7 +189,7 @@ class DQN(Algorithm):
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
         make_value_estimator(self.loss, config.optim)
-        mask_padded_steps(self.loss, config.replay)
+        mask_padded_steps(self.loss, config.replay, stacked_frames=self._observation_dim is None)
         self.target_updater = HardUpdate(
             self.loss, value_network_update_interval=config.dqn.target_update_interval
         )
@@ -143,10 +197,22 @@ class DQN(Algorithm):
         self.compute_losses = loss_function(self.loss, config.optim.compile)
         self.step = capture_step(self.gradient_step, config.optim)
 
+    def replay_keys(self) -> list[Any]:
+        if self._observation_dim is None:  # stacked frames: stored once, rebuilt when sampled
+            return stored_keys(super().replay_keys())
+        return super().replay_keys()
+
     def policy_factory(self) -> Callable[..., TensorDictSequential]:
         return functools.partial(
             make_policy, self._network, self._dqn, self._observation_dim, self._action_spec
         )
+
+    def update(self, batch: TensorDictBase) -> TensorDictBase:
+        if self._dqn.random_shift:
+            # Each stack its own shift, the next one's too, as Dopamine's DrQ(eps) draws them.
+            for key in (PIXELS_KEY, ("next", PIXELS_KEY)):
+                batch[key] = random_shift(batch[key], self._dqn.random_shift)
+        return super().update(batch)
 
     def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
         # A recurrent Q-network unrolls each sampled sequence (no effect on an MLP).
