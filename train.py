@@ -18,6 +18,7 @@ from rl_app.config import (
     Config,
     ConfigError,
     available_presets,
+    describe_presets,
     describe_settings,
     load_config,
     to_yaml,
@@ -28,7 +29,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Train SAC/DQN with TorchRL. Settings are overridden with key=value.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="settings (key=default  (meaning)):\n" + describe_settings(),
+        epilog="presets (what each holds at full size):\n"
+        + describe_presets()
+        + "\n\nsettings (key=default  (meaning)):\n"
+        + describe_settings(),
     )
     parser.add_argument(
         "--config",

@@ -400,6 +400,21 @@ def available_presets() -> list[str]:
     return sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
 
 
+# Each preset's comment line saying what it holds at full size (rl_app/fit.py estimates it).
+HOLDS_PREFIX = "# Holds at full size: "
+
+
+def describe_presets() -> str:
+    """One line per preset, with what it holds at full size, for ``--help``."""
+    lines = []
+    for preset in available_presets():
+        text = (PRESETS_DIR / f"{preset}.yaml").read_text().splitlines()
+        holds = next((line.removeprefix(HOLDS_PREFIX) for line in text
+                      if line.startswith(HOLDS_PREFIX)), "")  # fmt: skip
+        lines.append(f"  {preset}: {holds}")
+    return "\n".join(lines)
+
+
 def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
     """Merge defaults, a preset and ``key=value`` overrides into a validated :class:`Config`.
 

@@ -116,6 +116,17 @@ def footprint(config: Config, transition_bytes: int, capacity: int | None = None
     )
 
 
+def holds(config: Config) -> str:
+    """What ``config``'s run holds at full size, in one line (each preset's comment says it:
+    ``--help`` lists them)."""
+    fp = footprint(config, transition_bytes(config))
+    disk = fp.replay_files + fp.checkpoints_disk + fp.journals
+    return (
+        f"{fp.capacity:,} transitions of {fp.transition:,} B: {size(fp.replay_files)} of replay "
+        f"files, {size(fp.ram)} of RAM, {size(disk)} of disk in all"
+    )
+
+
 def transition_bytes(config: Config) -> int:
     """Bytes of one transition as the run's buffer stores it, from its env's specs."""
     env = make_env(config.env, config.seed, network=config.network)

@@ -353,9 +353,7 @@ def run_iterations(run: Run) -> TrainResult:
     config, progress, algorithm, buffer, phases = (
         run.config, run.progress, run.algorithm, run.buffer, run.phases,
     )  # fmt: skip
-    updates_per_iteration = max(
-        1, round(config.collector.frames_per_batch * config.optim.utd_ratio)
-    )
+    updates = updates_per_iteration(config)
     batches = iter(run.collector)
     with StopRequest().installed() as stop:
         while True:
@@ -378,7 +376,7 @@ def run_iterations(run: Run) -> TrainResult:
                         buffer,
                         config.replay,
                         config.optim.batch_size,
-                        updates_per_iteration,
+                        updates,
                         run.devices.learner,
                         functools.partial(stack_frames, buffer),
                     )
@@ -390,7 +388,7 @@ def run_iterations(run: Run) -> TrainResult:
                     write_priorities(buffer, sampled)
                 with phases("refreshing recurrent states"):
                     state_metrics = refresh_recurrent_states(run, sampled)
-                progress.updates += updates_per_iteration
+                progress.updates += updates
             with phases("checking metrics"):
                 metrics = iteration_metrics(
                     batch, update_metrics, progress, run.weight_sync.version
@@ -434,6 +432,11 @@ def run_iterations(run: Run) -> TrainResult:
                 break
     # A signal that came with the last iteration stopped nothing: the run is complete.
     return summarize(run, stop.reason if progress.frames < config.collector.total_frames else None)
+
+
+def updates_per_iteration(config: Config) -> int:
+    """Gradient updates after each collected batch: ``optim.utd_ratio`` per frame."""
+    return max(1, round(config.collector.frames_per_batch * config.optim.utd_ratio))
 
 
 def refresh_recurrent_states(run: Run, sequences: TensorDictBase) -> dict[str, float]:

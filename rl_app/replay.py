@@ -13,7 +13,6 @@ from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
     PrioritizedSampler,
-    PrioritizedSliceSampler,
     RandomSampler,
     SliceSampler,
     TensorDictReplayBuffer,
@@ -26,7 +25,7 @@ from torchrl.envs import EnvBase
 from rl_app.config import ReplayConfig, samples_sequences
 from rl_app.envs import RECURRENT_STATE_KEYS
 from rl_app.journal import JournaledStorage, record_patch
-from rl_app.upstream import lay_out_storage
+from rl_app.upstream import VectorizedSliceSampler, lay_out_storage
 
 # The collector numbers every trajectory; slices are cut within one id.
 TRAJECTORY_KEY = ("collector", "traj_ids")
@@ -61,7 +60,7 @@ def make_sampler(replay: ReplayConfig) -> Sampler:
     ):
         return PrioritizedSampler(**prioritized)
     if replay.sampler == "prioritized_slice":
-        return PrioritizedSliceSampler(**prioritized, **slices)
+        return VectorizedSliceSampler(**prioritized, **slices)
     if replay.sampler == "slice":
         return SliceSampler(**slices)
     return RandomSampler()

@@ -63,6 +63,7 @@ def test_help_lists_every_group(tmp_path: Path) -> None:
     for group in ["env", "network", "collector", "optim", "replay", "eval", "checkpoint", "logger"]:
         assert f"\n  {group}:" in result.stdout
     assert "optim.lr=0.0003" in result.stdout
+    assert "  dqn_atari: 1,000,000 transitions of 7,118 B: 7.12 GB of replay files" in result.stdout
 
 
 def test_print_config_resolves_preset_and_overrides(tmp_path: Path) -> None:

@@ -17,9 +17,16 @@ from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import CHECKPOINTS_DIR, REPLAY_DIR, load_config
+from rl_app.config import (
+    CHECKPOINTS_DIR,
+    HOLDS_PREFIX,
+    PRESETS_DIR,
+    REPLAY_DIR,
+    available_presets,
+    load_config,
+)
 from rl_app.envs import make_env
-from rl_app.fit import available_ram, footprint, transition_bytes
+from rl_app.fit import available_ram, footprint, holds, transition_bytes
 from rl_app.loop import RunFailed, build_run, train
 from rl_app.replay import (
     TRAJECTORY_KEY,
@@ -197,3 +204,10 @@ def layout(directory: Path) -> dict[str, object]:
         elif path.name == "meta.json":
             found[name] = json.loads(path.read_text())
     return found
+
+
+@pytest.mark.parametrize("preset", available_presets())
+def test_each_preset_says_what_it_holds_as_the_estimate_does(preset: str) -> None:
+    text = (PRESETS_DIR / f"{preset}.yaml").read_text().splitlines()
+    said = [line.removeprefix(HOLDS_PREFIX) for line in text if line.startswith(HOLDS_PREFIX)]
+    assert said == [holds(load_config(preset, ["run_dir=runs/unused"])) + "."]

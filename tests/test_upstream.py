@@ -36,6 +36,7 @@ from rl_app.upstream import (
     EAGER_SPLIT,
     TENSORCLASS_MEMO,
     GuardedWeightSyncScheme,
+    VectorizedSliceSampler,
     gymnasium_env,
     lay_out_storage,
     load_sampler_state,
@@ -287,3 +288,12 @@ def test_a_prioritized_sampler_state_holds_extension_objects() -> None:
     for key in ("_sum_tree", "_min_tree"):
         before, after = saved.state_dict()[key], loaded.state_dict()[key]
         assert all(before.query(0, end) == after.query(0, end) for end in range(1, 101))
+
+
+def test_the_prioritized_slice_sampler_still_pads_in_a_loop() -> None:
+    assert "for pad_row" in inspect.getsource(PrioritizedSliceSampler._padded_indices)
+    lengths = torch.tensor([3, 1, 5, 2, 5]).reshape(-1, 1)  # as TorchRL passes them
+    arange = torch.arange(100, 116)
+    sampler = VectorizedSliceSampler(10, alpha=0.6, beta=0.4, slice_len=2, traj_key="t")
+    expected = PrioritizedSliceSampler._padded_indices(sampler, lengths, arange)
+    assert torch.equal(sampler._padded_indices(lengths, arange), expected)

@@ -14,6 +14,12 @@ Sections (``--only update,training,...`` picks some), measured one after the oth
   loop, with prioritized slice sampling + priority writes as a share of the iteration;
 - checkpoint: save, verify-and-load time and size with a 100k-transition Pendulum buffer,
   and checkpointing's share of training time at the default evaluation interval;
+- pixels: the ``dqn_atari`` preset at its 1M-slot capacity, its buffer filled from recorded
+  Atari play: disk per stored transition, the learner's memory (RssAnon, RssFile) while
+  sampling, batches/s of 32 stacked observation pairs (the loop's sampling, with and
+  without the stacks), one Nature-CNN update on the CPU (and the Atari-100k preset's
+  updates at that speed), checkpoint save, verify and load with the undo journal and its
+  disk per evaluation interval, next to a whole copy of the buffer with its SHA-256;
 - collection: frames/s of the direct, sync and async collectors (1 and 2 workers) and of
   1 and 2 SLURM collection jobs (distributed, when SLURM is here) acting with the SAC
   actor, next to the raw Gymnasium step rate of the same env (the ceiling),
@@ -23,7 +29,8 @@ Sections (``--only update,training,...`` picks some), measured one after the oth
   (ours, SB3, ours, SB3), each final agent scored on the same 10 fixed reset seeds; medians
   and the wall-time ratio. SB3 runs in its own virtual environment (``.venv-sb3``);
 - gpu (on a machine with CUDA): ``sac_halfcheetah`` at one update per frame, eager,
-  compiled, and compiled with CUDA graphs (also with the replay data on the GPU).
+  compiled, and compiled with CUDA graphs (also with the replay data on the GPU); and
+  ``dqn_atari`` and ``dqn_atari100k`` in a short run each: frames/s, ms per update.
 
 Not part of the test suite: timings depend on the machine and on what else runs on it.
 """
@@ -32,7 +39,9 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
+import math
 import os
 import platform
 import shutil
@@ -41,7 +50,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +58,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torchrl
-from tensordict import TensorDict
+from tensordict import TensorDict, TensorDictBase
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 from torchrl.collectors import Collector
@@ -57,11 +66,13 @@ from torchrl.envs import EnvBase
 from torchrl.envs.utils import ExplorationType, RandomPolicy, set_exploration_type
 
 from rl_app.algorithms import make_algorithm
-from rl_app.checkpointing import disk_size, verify_checkpoint
+from rl_app.checkpointing import disk_size, file_sha256, verify_checkpoint
 from rl_app.collection import WeightSync, decide_devices, make_collector
-from rl_app.config import Config, ConfigError, load_config
-from rl_app.envs import make_env
-from rl_app.loop import PHASES, build_run, run_iterations, train
+from rl_app.config import JOURNAL_DIR, REPLAY_DIR, Config, ConfigError, load_config
+from rl_app.envs import FRAME_KEY, make_env
+from rl_app.frames import RESET_STEP, STEP_KEY, extend_buffer, stack_frames
+from rl_app.journal import restorable_from
+from rl_app.loop import PHASES, Run, build_run, run_iterations, train, updates_per_iteration
 from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batches
 from tools.sb3_baseline import evaluate_on_fixed_seeds, run_sb3_sac
 
@@ -142,14 +153,19 @@ UPDATE_PLAY_FRAMES = 2_000  # random play the update's batch is sampled from
 JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
 
 
-def random_play(env: EnvBase, frames: int) -> TensorDict:
-    """``frames`` real transitions of a random policy in ``env``, with the collector's
-    trajectory ids (what the replay buffer keeps)."""
+def random_play_batches(env: EnvBase, frames: int, frames_per_batch: int) -> Iterator[TensorDict]:
+    """``frames`` real transitions of a random policy in ``env``, in the collector's batches
+    of ``frames_per_batch``, with its trajectory ids (what the replay buffer keeps)."""
     collector = Collector(
-        env, RandomPolicy(env.action_spec), frames_per_batch=frames, total_frames=frames
+        env, RandomPolicy(env.action_spec), frames_per_batch=frames_per_batch, total_frames=frames
     )
-    play = next(iter(collector))
+    yield from collector
     collector.shutdown()
+
+
+def random_play(env: EnvBase, frames: int) -> TensorDict:
+    """:func:`random_play_batches` in one batch."""
+    (play,) = random_play_batches(env, frames, frames)
     return play
 
 
@@ -259,29 +275,49 @@ GPU_VARIANTS = {
     ],
 }  # fmt: skip
 GPU_FRAMES, GPU_RANDOM_FRAMES = 20_000, 5_000
+# The Atari presets, each in a short run with a small buffer: frames/s and ms per update.
+GPU_ATARI_PRESETS = ("dqn_atari", "dqn_atari100k")
+GPU_ATARI_FRAMES, GPU_ATARI_RANDOM_FRAMES, GPU_ATARI_CAPACITY = 4_000, 1_000, 20_000
+
+
+def gpu_training(
+    preset: str, frames: int, random_frames: int, settings: list[str], run_dir: Path
+) -> dict[str, float]:
+    """``preset`` trained on the GPU for ``frames`` frames, evaluated once at the end:
+    end-to-end frames/s (a compile included) and the updating phase's speed."""
+    config = load_config(
+        preset,
+        ["device=cuda", f"collector.total_frames={frames}",
+         f"collector.init_random_frames={random_frames}", "logger.backend=none",
+         f"eval.interval_frames={frames}", "eval.episodes=1", f"run_dir={run_dir}", *settings],
+    )  # fmt: skip
+    started = time.perf_counter()
+    result = train(config)
+    wall = time.perf_counter() - started
+    updating = result.seconds_per_phase["updating"]
+    return {
+        "frames_per_second": result.frames / wall,
+        "update_steps_per_second": result.updates / updating,
+        "ms_per_update_step": 1000 * updating / result.updates,
+    }
 
 
 def bench_gpu(run_dir: Path) -> dict[str, Any]:
-    """Each of ``GPU_VARIANTS`` trains ``sac_halfcheetah`` for ``GPU_FRAMES`` frames:
-    end-to-end frames/s (the compile included) and update steps/s of the updating phase."""
+    """Each of ``GPU_VARIANTS`` trains ``sac_halfcheetah`` for ``GPU_FRAMES`` frames, and
+    each of ``GPU_ATARI_PRESETS`` trains for ``GPU_ATARI_FRAMES`` frames."""
     if not torch.cuda.is_available():
         return {"not measured": "no CUDA GPU here"}
     report: dict[str, Any] = {"gpu": torch.cuda.get_device_name()}
     for name, settings in GPU_VARIANTS.items():
-        config = load_config(
-            "sac_halfcheetah",
-            ["device=cuda", f"collector.total_frames={GPU_FRAMES}",
-             f"collector.init_random_frames={GPU_RANDOM_FRAMES}", "logger.backend=none",
-             f"eval.interval_frames={GPU_FRAMES}", "eval.episodes=1",
-             f"run_dir={run_dir / name.replace(' ', '_')}", *settings],
+        report[name] = gpu_training(
+            "sac_halfcheetah", GPU_FRAMES, GPU_RANDOM_FRAMES, settings,
+            run_dir / name.replace(" ", "_"),
         )  # fmt: skip
-        started = time.perf_counter()
-        result = train(config)
-        wall = time.perf_counter() - started
-        report[name] = {
-            "frames_per_second": result.frames / wall,
-            "update_steps_per_second": result.updates / result.seconds_per_phase["updating"],
-        }
+    for preset in GPU_ATARI_PRESETS:
+        report[preset] = gpu_training(
+            preset, GPU_ATARI_FRAMES, GPU_ATARI_RANDOM_FRAMES,
+            [f"replay.capacity={GPU_ATARI_CAPACITY}"], run_dir / preset,
+        )  # fmt: skip
     return report
 
 
@@ -335,6 +371,249 @@ def bench_checkpoint(config: Config, directory: Path) -> dict[str, Any]:
         }
     finally:
         run.close()
+
+
+# The dqn_atari preset at its full capacity, its buffer filled from real Atari frames.
+PIXELS_PRESET = "dqn_atari"
+PIXELS_SETTINGS = ["device=cpu", "threads=1", "logger.backend=none"]
+PIXELS_PLAY_FRAMES = 20_000  # random play recorded once, stored again under fresh ids
+PIXELS_SAMPLING_ROUNDS, PIXELS_CALLS_PER_ROUND = 5, 10
+PIXELS_WARMUP_UPDATES, PIXELS_UPDATE_ROUNDS = 3, 3
+ATARI100K_PRESET = "dqn_atari100k"
+PIXELS_GOALS = {
+    "disk_bytes_per_transition": 7_500,
+    "rss_bytes": 3_000_000_000,
+    "batches_per_second": 1_000,
+    "save_seconds": 2.0,
+    "extra_disk_per_checkpoint_to_interval_data": 2.0,
+}
+
+
+def recorded_atari_play(run: Run) -> list[TensorDictBase]:
+    """``PIXELS_PLAY_FRAMES`` of random play in the run's game, in the loop's batches, kept
+    as the buffer stores them (plus each observation's newest frame, for reset slots)."""
+    env = make_env(run.config.env, run.config.seed)
+    keys = [*run.algorithm.replay_keys(), TRAJECTORY_KEY, FRAME_KEY]
+    frames_per_batch = run.config.collector.frames_per_batch
+    return [
+        batch.select(*keys)  # the frame stacks are dropped here, batch by batch
+        for batch in random_play_batches(env, PIXELS_PLAY_FRAMES, frames_per_batch)
+    ]
+
+
+def replayed_play(chunks: list[TensorDictBase]) -> Iterator[TensorDictBase]:
+    """The recorded ``chunks`` again and again, each pass under fresh trajectory ids: every
+    pass stores new episodes, as collection does."""
+    span = 1 + max(int(chunk[TRAJECTORY_KEY].max()) for chunk in chunks)
+    for copy in itertools.count():
+        for chunk in chunks:
+            fresh = chunk.exclude(TRAJECTORY_KEY)
+            fresh[TRAJECTORY_KEY] = chunk[TRAJECTORY_KEY] + copy * span
+            yield fresh
+
+
+def store_play(run: Run, play: Iterator[TensorDictBase], done: Callable[[int], bool]) -> int:
+    """Store batches of ``play`` as the loop stores a collected batch (``extend_buffer``,
+    reset slots included) until ``done(steps written)``; the steps written."""
+    steps = 0
+    while not done(steps):
+        batch = next(play)
+        extend_buffer(run.buffer, batch, run.algorithm.replay_keys())
+        steps += batch.numel()
+    return steps
+
+
+def files_on_disk(directory: Path) -> dict[str, int]:
+    """Apparent size and disk blocks of the files under ``directory``."""
+    files = [file.stat() for file in directory.rglob("*") if file.is_file()]
+    return {
+        "apparent_bytes": sum(stat.st_size for stat in files),
+        "block_bytes": sum(stat.st_blocks * 512 for stat in files),
+    }
+
+
+def process_memory() -> dict[str, int]:
+    """This process's resident memory by kind, in bytes (``/proc/self/status``)."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return {name: int(fields[name].split()[0]) * 1024
+            for name in ("VmRSS", "RssAnon", "RssFile", "RssShmem")}  # fmt: skip
+
+
+def mapped_resident_bytes(directory: Path) -> int:
+    """Bytes of the files under ``directory`` that this process maps and holds resident
+    (``/proc/self/smaps``): page cache, counted in RssFile."""
+    prefix, inside, total = str(directory.resolve()), False, 0
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if not fields[0].endswith(":"):  # a mapping's header: its addresses ... its file
+            inside = len(fields) == 6 and fields[5].startswith(prefix)
+        elif fields[0] == "Rss:" and inside:
+            total += int(fields[1]) * 1024
+    return total
+
+
+def run_updates(config: Config) -> int:
+    """The updates a whole run of ``config`` makes: one iteration's worth after each
+    collected batch from ``collector.init_random_frames`` on."""
+    batch = config.collector.frames_per_batch
+    first = max(1, math.ceil(config.collector.init_random_frames / batch))
+    iterations = math.ceil(config.collector.total_frames / batch)
+    return (iterations - first + 1) * updates_per_iteration(config)
+
+
+def pixel_sampling(run: Run, play: Iterator[TensorDictBase]) -> dict[str, float]:
+    """Batches/s of the loop's sampling: one sampler call for an iteration's updates, after
+    that iteration's extend, which clears the slice sampler's cached scan of the storage's
+    trajectories (the loop pays the scan every iteration). Also without frame stacks
+    (sampling alone), and with stacks but no extend before the call (the scan cached).
+    Interleaved round by round; medians."""
+    config, buffer = run.config, run.buffer
+    count = updates_per_iteration(config)
+    stacks = functools.partial(stack_frames, buffer)
+    ways = {"with_stacks": (stacks, True), "sampling_alone": (None, True),
+            "with_stacks_scan_cached": (stacks, False)}  # fmt: skip
+    rates: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(PIXELS_SAMPLING_ROUNDS):
+        for name, (complete, extend_first) in ways.items():
+            seconds = 0.0
+            for _ in range(PIXELS_CALLS_PER_ROUND):
+                if extend_first:
+                    store_play(run, play, lambda steps: steps > 0)  # one collected batch
+                started = time.perf_counter()
+                sample_batches(buffer, config.replay, config.optim.batch_size, count,
+                               complete=complete)  # fmt: skip
+                seconds += time.perf_counter() - started
+            rates[name].append(count * PIXELS_CALLS_PER_ROUND / seconds)
+    medians = {f"{name}_batches_per_second": statistics.median(r) for name, r in rates.items()}
+    return {"batch_size": config.optim.batch_size, "batches_per_call": count, **medians}
+
+
+def pixel_update(run: Run) -> dict[str, Any]:
+    """One Nature-CNN update on a batch with its stacks (medians of rounds after warm-up
+    updates), and what the Atari-100k preset's updates would take at that speed."""
+    config = run.config
+    batch = sample_batches(run.buffer, config.replay, config.optim.batch_size, 1,
+                           complete=functools.partial(stack_frames, run.buffer))[0]  # fmt: skip
+    update = functools.partial(run.algorithm.update, batch)
+    for _ in range(PIXELS_WARMUP_UPDATES):
+        update()
+    seconds = statistics.median(seconds_per_update(update) for _ in range(PIXELS_UPDATE_ROUNDS))
+    updates = run_updates(load_config(ATARI100K_PRESET, []))
+    return {"ms_per_update": 1000 * seconds, "atari100k_updates": updates,
+            "atari100k_update_hours": updates * seconds / 3600}  # fmt: skip
+
+
+def timed(work: Callable[[], Any]) -> tuple[Any, float]:
+    """``work()``'s result and its wall time in seconds."""
+    started = time.perf_counter()
+    result = work()
+    return result, time.perf_counter() - started
+
+
+def pixel_checkpoints(
+    run: Run, play: Iterator[TensorDictBase], bytes_per_transition: float
+) -> dict[str, Any]:
+    """Checkpoints of the full buffer: a first save (its checksums cover every slot written
+    since the start), one evaluation interval of new frames (the journal that save
+    starts), a second save (checksums of those frames' chunks only, as after each
+    evaluation), then the first checkpoint verified and loaded (its journal undone, every
+    chunk of the replay files checked)."""
+    progress, checkpoints = run.progress, run.checkpoints
+    journal_dir = run.run_dir / JOURNAL_DIR
+    interval = run.config.eval.interval_frames
+    first, first_seconds = timed(lambda: checkpoints.save(progress.frames, eval_reward=0.0))
+    written, write_seconds = timed(lambda: store_play(run, play, lambda steps: steps >= interval))
+    journal_bytes = disk_size(journal_dir)
+    progress.frames += written
+    second, save_seconds = timed(lambda: checkpoints.save(progress.frames, eval_reward=0.0))
+    _, verify_seconds = timed(lambda: verify_checkpoint(first))
+    restorable, restorable_seconds = timed(lambda: restorable_from(journal_dir))
+    _, load_seconds = timed(lambda: checkpoints.load(first))
+    checkpoint_bytes = disk_size(second)
+    journal_per_frame = journal_bytes / written
+    extra = checkpoint_bytes + journal_per_frame * interval
+    return {
+        "first_save_seconds": first_seconds,
+        "save_seconds": save_seconds,
+        "frames_written_after_save": written,
+        "journaled_frames_per_second": written / write_seconds,
+        "checkpoint_dir_bytes": checkpoint_bytes,
+        "journal_bytes": journal_bytes,
+        "journal_bytes_per_frame": journal_per_frame,
+        "eval_interval_frames": interval,
+        "journal_bytes_per_eval_interval": journal_per_frame * interval,
+        "extra_disk_per_checkpoint_bytes": extra,
+        "extra_disk_to_interval_data": extra / (interval * bytes_per_transition),
+        "verify_checkpoint_seconds": verify_seconds,
+        "restorable_from_seconds": restorable_seconds,
+        "restorable_from_frames": restorable,
+        "load_seconds": load_seconds,
+    }
+
+
+def whole_copy(run: Run) -> dict[str, float]:
+    """The way checkpoints kept the buffer before the journal: a copy of it (``dumps``) and
+    the SHA-256 of every file written; the copy is deleted after."""
+    with tempfile.TemporaryDirectory(dir=run.run_dir) as scratch:
+        _, dump_seconds = timed(lambda: run.buffer.dumps(scratch))
+        files = [file for file in Path(scratch).rglob("*") if file.is_file()]
+        _, sha_seconds = timed(lambda: [file_sha256(file) for file in files])
+        return {
+            "dumps_seconds": dump_seconds,
+            "sha256_seconds": sha_seconds,
+            "seconds": dump_seconds + sha_seconds,
+            "bytes": disk_size(Path(scratch)),
+        }
+
+
+def bench_pixels(config: Config) -> dict[str, Any]:
+    """The ``dqn_atari`` preset's run at its full capacity (real storage, journal and
+    checkpoints), its buffer filled through ``extend_buffer`` from recorded random play,
+    each pass under fresh trajectory ids: disk per transition, the learner's memory,
+    sampling with frame stacks, a Nature-CNN update, and checkpoints next to a whole copy
+    of the buffer. The run directory (7 GB of replay files) is deleted after."""
+    started = time.perf_counter()
+    run = build_run(config)
+    try:
+        chunks = recorded_atari_play(run)
+        play = replayed_play(chunks)
+        capacity = run.buffer.storage.max_size
+        run.progress.frames, fill_seconds = timed(
+            lambda: store_play(run, play, lambda _: len(run.buffer) == capacity)
+        )
+        steps = run.buffer.storage.get(slice(0, capacity))[STEP_KEY]
+        transitions = int((steps != RESET_STEP).sum())
+        disk = files_on_disk(run.run_dir / REPLAY_DIR)
+        per_transition = disk["block_bytes"] / transitions
+        sampling = pixel_sampling(run, play)  # the page cache warm: the fill wrote every page
+        # Read after the sampling: freed batches stay with malloc (keep_freed_memory).
+        memory = {**process_memory(),
+                  "replay_files_resident": mapped_resident_bytes(run.run_dir / REPLAY_DIR),
+                  "recorded_play": sum(chunk.bytes() for chunk in chunks)}  # fmt: skip
+        return {
+            "preset": PIXELS_PRESET,
+            "capacity": capacity,
+            "recorded_play_frames": PIXELS_PLAY_FRAMES,
+            "stored_transitions": transitions,
+            "reset_slots": capacity - transitions,
+            "fill_seconds": fill_seconds,
+            "disk": {
+                **disk,
+                "block_bytes_per_slot": disk["block_bytes"] / capacity,
+                "apparent_bytes_per_slot": disk["apparent_bytes"] / capacity,
+                "block_bytes_per_transition": per_transition,
+            },
+            "memory_while_sampling_bytes": memory,
+            "sampling": sampling,
+            "update": pixel_update(run),
+            "checkpoints": pixel_checkpoints(run, play, per_transition),
+            "whole_copy": whole_copy(run),
+            "goals": PIXELS_GOALS,
+            "section_seconds": time.perf_counter() - started,
+        }
+    finally:
+        run.close()
+        shutil.rmtree(run.run_dir)
 
 
 # Each collector measured: its name and its settings ("distributed-N": N SLURM jobs).
@@ -531,6 +810,46 @@ def print_checkpoint(checkpoint: dict[str, Any]) -> None:
     print(f"size: {checkpoint['size_mb']:.1f} MB")
 
 
+def print_pixels(pixels: dict[str, Any]) -> None:
+    goals, disk, memory = pixels["goals"], pixels["disk"], pixels["memory_while_sampling_bytes"]
+    sampling, update, saving = pixels["sampling"], pixels["update"], pixels["checkpoints"]
+    copy = pixels["whole_copy"]
+    print(f"\n== pixels: {pixels['preset']} at {pixels['capacity']:,} slots, filled from "
+          f"{pixels['recorded_play_frames']:,} frames of random play stored again and again "
+          f"({pixels['reset_slots']:,} reset slots) in "
+          f"{pixels['fill_seconds']:.0f} s")  # fmt: skip
+    print(f"disk: {disk['block_bytes_per_transition']:,.0f} B per stored transition "
+          f"(goal <= {goals['disk_bytes_per_transition']:,}); per slot "
+          f"{disk['block_bytes_per_slot']:,.0f} B in file blocks, "
+          f"{disk['apparent_bytes_per_slot']:,.0f} B apparent")  # fmt: skip
+    print(f"memory while sampling: RssAnon {memory['RssAnon'] / 1e9:.2f} GB "
+          f"(goal RSS <= {goals['rss_bytes'] / 1e9:.0f} GB; the recorded play "
+          f"{memory['recorded_play'] / 1e9:.2f} GB of it), RssFile "
+          f"{memory['RssFile'] / 1e9:.2f} GB (the replay files' page cache "
+          f"{memory['replay_files_resident'] / 1e9:.2f} GB of it)")  # fmt: skip
+    print(f"sampling {sampling['batches_per_call']} batches of {sampling['batch_size']} per "
+          f"call: {sampling['with_stacks_batches_per_second']:,.0f} batches/s with frame stacks "
+          f"(goal >= {goals['batches_per_second']:,}), "
+          f"{sampling['sampling_alone_batches_per_second']:,.0f} without; with the "
+          f"sampler's scan of the storage cached (no extend before the call): "
+          f"{sampling['with_stacks_scan_cached_batches_per_second']:,.0f}")  # fmt: skip
+    print(f"Nature-CNN update, one thread: {update['ms_per_update']:.1f} ms; the Atari-100k "
+          f"preset's {update['atari100k_updates']:,} updates: "
+          f"{update['atari100k_update_hours']:.1f} h")  # fmt: skip
+    print(f"checkpoint save: {saving['save_seconds']:.2f} s (goal <= {goals['save_seconds']} s; "
+          f"the first, after the fill: {saving['first_save_seconds']:.2f} s); verify "
+          f"{saving['verify_checkpoint_seconds'] + saving['restorable_from_seconds']:.2f} s; "
+          f"load {saving['load_seconds']:.2f} s")  # fmt: skip
+    print(f"extra disk per checkpoint: {saving['checkpoint_dir_bytes'] / 1e6:.1f} MB + journal "
+          f"{saving['journal_bytes_per_eval_interval'] / 1e9:.2f} GB per "
+          f"{saving['eval_interval_frames']:,}-frame interval = "
+          f"{saving['extra_disk_to_interval_data']:.2f}x the interval's data "
+          f"(goal <= {goals['extra_disk_per_checkpoint_to_interval_data']:.0f}x)")  # fmt: skip
+    print(f"whole copy (dumps + SHA-256), as before the journal: {copy['seconds']:.1f} s, "
+          f"{copy['bytes'] / 1e9:.2f} GB")  # fmt: skip
+    print(f"section: {pixels['section_seconds'] / 60:.1f} min")
+
+
 def print_collection(collection: dict[str, Any]) -> None:
     print("\n== collection on Pendulum-v1, acting with the SAC actor (raw: Gymnasium alone with "
           "as many envs in one process, random actions)")  # fmt: skip
@@ -567,9 +886,15 @@ def print_gpu(gpu: dict[str, Any]) -> None:
         rates = gpu[name]
         print(f"  {name:<42} {rates['frames_per_second']:7.1f} frames/s end to end, "
               f"{rates['update_steps_per_second']:7.1f} update steps/s")  # fmt: skip
+    print(f"  Atari presets, {GPU_ATARI_FRAMES} frames each (learning from frame "
+          f"{GPU_ATARI_RANDOM_FRAMES}, {GPU_ATARI_CAPACITY:,}-transition buffer):")  # fmt: skip
+    for preset in GPU_ATARI_PRESETS:
+        rates = gpu[preset]
+        print(f"  {preset:<42} {rates['frames_per_second']:7.1f} frames/s end to end, "
+              f"{rates['ms_per_update_step']:7.2f} ms per update")  # fmt: skip
 
 
-SECTIONS = ("update", "training", "checkpoint", "collection", "sb3", "gpu")
+SECTIONS = ("update", "training", "checkpoint", "pixels", "collection", "sb3", "gpu")
 
 
 def main(argv: list[str]) -> int:
@@ -615,6 +940,9 @@ def main(argv: list[str]) -> int:
         "checkpoint": lambda: bench_checkpoint(
             load_config("default", overrides), run_dir / "checkpoint-bench"
         ),
+        "pixels": lambda: bench_pixels(
+            load_config(PIXELS_PRESET, [*PIXELS_SETTINGS, f"run_dir={run_dir / 'pixels'}"])
+        ),
         "collection": lambda: bench_collection(base, run_dir / "collection"),
         "sb3": lambda: bench_against_sb3(
             [item for item in base if not item.startswith("replay.capacity=")], run_dir / "sb3"
@@ -622,8 +950,8 @@ def main(argv: list[str]) -> int:
         "gpu": lambda: bench_gpu(run_dir / "gpu"),
     }
     printers = {"update": print_update, "training": print_training,
-                "checkpoint": print_checkpoint, "collection": print_collection,
-                "sb3": print_sb3, "gpu": print_gpu}  # fmt: skip
+                "checkpoint": print_checkpoint, "pixels": print_pixels,
+                "collection": print_collection, "sb3": print_sb3, "gpu": print_gpu}  # fmt: skip
     for section in SECTIONS:
         if section in sections:
             report[section] = measure[section]()
