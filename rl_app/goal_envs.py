@@ -2,9 +2,10 @@
 
 Each observes a dict of ``observation``, ``achieved_goal`` and ``desired_goal`` (float32
 vectors), rewards 0 when the achieved goal meets the desired one and -1 otherwise, reports
-``info["is_success"]``, and offers ``compute_reward(achieved_goal, desired_goal, info)`` over
-batches of goals, as gymnasium-robotics' ``GoalEnv`` does: a replay buffer recomputes the
-reward of a stored transition for another goal with it.
+``info["is_success"]``, and offers ``compute_reward(achieved_goal, desired_goal, info)`` and
+``compute_terminated(achieved_goal, desired_goal, info)`` over batches of goals, as
+gymnasium-robotics' ``GoalEnv`` does: a replay buffer recomputes the reward and the
+termination of a stored transition for another goal with them.
 
 Importing this module registers the ids below, so ``env.name`` takes them as
 ``rl_app.goal_envs:<id>`` (Gymnasium imports the module named before the colon).
@@ -71,7 +72,7 @@ class BitFlippingEnv(gym.Env):
     def step(self, action: int) -> tuple[ObsDict, float, bool, bool, dict[str, Any]]:
         self.bits[action] = 1.0 - self.bits[action]
         self.steps += 1
-        success = bool(np.array_equal(self.bits, self.goal))
+        success = bool(self.compute_terminated(self.bits, self.goal, {}))
         reward = float(self.compute_reward(self.bits, self.goal, {}))
         truncated = self.steps >= self.n_bits
         return self.observation(), reward, success, truncated, {"is_success": success}
@@ -81,7 +82,13 @@ class BitFlippingEnv(gym.Env):
     ) -> np.ndarray:
         """0 where ``achieved_goal`` equals ``desired_goal`` in every bit (the last axis),
         -1 elsewhere."""
-        return sparse_reward(np.all(achieved_goal == desired_goal, axis=-1))
+        return sparse_reward(self.compute_terminated(achieved_goal, desired_goal, info))
+
+    def compute_terminated(
+        self, achieved_goal: np.ndarray, desired_goal: np.ndarray, info: Any
+    ) -> np.ndarray:
+        """Where ``achieved_goal`` equals ``desired_goal`` in every bit: an episode ends there."""
+        return np.all(achieved_goal == desired_goal, axis=-1)
 
     def random_bits(self) -> np.ndarray:
         return self.np_random.integers(0, 2, self.n_bits).astype(np.float32)
@@ -138,6 +145,12 @@ class PointReachEnv(gym.Env):
         ``desired_goal`` (vectors along the last axis), -1 elsewhere."""
         distance = np.linalg.norm(achieved_goal - desired_goal, axis=-1)
         return sparse_reward(distance < POINT_SUCCESS_DISTANCE)
+
+    def compute_terminated(
+        self, achieved_goal: np.ndarray, desired_goal: np.ndarray, info: Any
+    ) -> np.ndarray:
+        """False for every goal: reaching one does not end an episode."""
+        return np.zeros(np.shape(achieved_goal)[:-1], dtype=bool)
 
     def random_point(self) -> np.ndarray:
         return self.np_random.uniform(-1.0, 1.0, 2).astype(np.float32)

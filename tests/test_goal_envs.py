@@ -115,7 +115,8 @@ def test_point_succeeds_near_its_goal_and_runs_to_its_step_limit() -> None:
 
 def play(env: gym.Env, seed: int, steps: int) -> list[tuple[Any, ...]]:
     """``steps`` steps from a reset seeded ``seed``, half towards the goal and half random
-    (the action space seeded alike): each next observation with its reward."""
+    (the action space seeded alike): each next observation with its reward and whether
+    it terminated."""
     env.action_space.seed(seed)
     observation, _ = env.reset(seed=seed)
     transitions = []
@@ -123,30 +124,37 @@ def play(env: gym.Env, seed: int, steps: int) -> list[tuple[Any, ...]]:
         steer = env.spec.id == POINT_REACH_ID and step % 2 == 0
         action = steer_to_goal(observation) if steer else env.action_space.sample()
         observation, reward, terminated, truncated, _ = env.step(action)
-        transitions.append((observation, reward))
+        transitions.append((observation, reward, terminated))
         if terminated or truncated:
             observation, _ = env.reset()
     return transitions
 
 
 @pytest.mark.parametrize("env_id", [BIT_FLIP_IDS[10], POINT_REACH_ID])
-def test_compute_reward_over_a_batch_matches_the_rewards_of_steps(env_id: str) -> None:
+def test_compute_reward_and_terminated_over_a_batch_match_the_steps(env_id: str) -> None:
     env = make(env_id)
     transitions = play(env, seed=0, steps=2_000)
-    achieved = np.stack([observation["achieved_goal"] for observation, _ in transitions])
-    desired = np.stack([observation["desired_goal"] for observation, _ in transitions])
-    rewards = np.array([reward for _, reward in transitions], dtype=np.float32)
-    batch = env.unwrapped.compute_reward(achieved, desired, [{}] * len(transitions))
+    achieved = np.stack([observation["achieved_goal"] for observation, *_ in transitions])
+    desired = np.stack([observation["desired_goal"] for observation, *_ in transitions])
+    rewards = np.array([reward for _, reward, _ in transitions], dtype=np.float32)
+    terminated = np.array([ended for *_, ended in transitions])
+    infos = [{}] * len(transitions)
+    batch = env.unwrapped.compute_reward(achieved, desired, infos)
     assert batch.dtype == np.float32 and batch.shape == rewards.shape
     np.testing.assert_array_equal(batch, rewards)
     assert set(rewards.tolist()) == {0.0, -1.0}
+    np.testing.assert_array_equal(
+        env.unwrapped.compute_terminated(achieved, desired, infos), terminated
+    )
+    # Bit flipping ends where its goal is reached; the point runs on.
+    assert terminated.any() == (env_id != POINT_REACH_ID)
 
 
 @pytest.mark.parametrize("env_id", [BIT_FLIP_IDS[10], POINT_REACH_ID])
 def test_a_seeded_reset_repeats_its_episodes(env_id: str) -> None:
     def observations(seed: int) -> list[np.ndarray]:
         transitions = play(make(env_id), seed, steps=60)
-        return [np.concatenate(list(observation.values())) for observation, _ in transitions]
+        return [np.concatenate(list(observation.values())) for observation, *_ in transitions]
 
     assert np.array_equal(observations(7), observations(7))
     assert not np.array_equal(observations(7), observations(8))
