@@ -266,6 +266,20 @@ class ReplayConfig:
         "write the recurrent states the learner recomputes back into the sampled records "
         "that are still in the buffer (network.recurrent=lstm)",
     )
+    her_ratio: float = setting(
+        0.0,
+        "hindsight experience replay: the fraction of each sampled batch whose goal is "
+        "replaced by one its episode achieved (0: off; a goal env, algo=dqn, one-step "
+        "transitions)",
+        at_least=0, at_most=1,
+    )  # fmt: skip
+    her_strategy: str = setting(
+        "future",
+        "the achieved goal a transition is relabelled with: future (after a step from it to "
+        "its episode's end) | final (after its episode's last step) | episode (after any step "
+        "of its episode)",
+        choices=("future", "final", "episode"),
+    )
     alpha: float = setting(0.6, "priority exponent (prioritized samplers)", at_least=0)
     beta: float = setting(0.4, "importance-weight exponent (prioritized samplers)", at_least=0)
     device: str = setting(
@@ -699,6 +713,7 @@ def validate(config: Config) -> None:
     check_env_registered(config.env.name)
     env_spec = gym.spec(config.env.name.split(":")[-1])
     check_spaces(config.algo, config.env)
+    check_hindsight(config)
     check_atari(config)
     episode_len = env_spec.max_episode_steps
     if samples_sequences(config.replay.sampler):
@@ -855,6 +870,73 @@ def check_recurrent(config: Config) -> None:
             f"replay.sampler={replay.sampler!r} samples single steps; choose one of "
             f"{', '.join(SEQUENCE_SAMPLERS)}"
         )
+
+
+# What hindsight relabelling reads of a goal env, as gymnasium-robotics' GoalEnv offers it:
+# its dict observation's entries, and the reward and termination of any goal.
+GOAL_KEYS = ("desired_goal", "achieved_goal", "observation")
+GOAL_FUNCTIONS = ("compute_reward", "compute_terminated")
+# The samplers whose batches are one-step transitions whatever replay.slice_len says.
+TRANSITION_SAMPLERS = ("prioritized", "uniform")
+
+
+def check_hindsight(config: Config) -> None:
+    """Hindsight relabelling (``replay.her_ratio``) needs a goal env, a network that reads
+    the goal (algo=dqn's MLP), one-step transitions, and episodes stored one after the other."""
+    replay = config.replay
+    if not replay.her_ratio:
+        return
+    her = f"replay.her_ratio={replay.her_ratio}"
+    if config.algo != "dqn" or config.network.recurrent != "none":
+        raise ConfigError(
+            f"{her} is not accepted with algo={config.algo!r} and network.recurrent="
+            f"{config.network.recurrent!r}: only algo=dqn's MLP reads the goal (set "
+            "replay.her_ratio=0)"
+        )
+    one_step = replay.sampler in TRANSITION_SAMPLERS or (
+        replay.sampler != "prioritized_sequence" and replay.slice_len == 1
+    )
+    if not one_step:
+        # TorchRL's HERReplayBuffer draws a goal per sampled step: along a slice, a multi-step
+        # target would add up rewards and bootstrap under goals that change from step to step.
+        raise ConfigError(
+            f"{her} needs one-step transitions: with replay.sampler={replay.sampler!r} and "
+            f"replay.slice_len={replay.slice_len} each step of a sequence would be relabelled "
+            "with a goal of its own, and a target over the sequence would mix goals; set "
+            f"replay.sampler to {' or '.join(TRANSITION_SAMPLERS)}, or replay.slice_len=1"
+        )
+    if config.collector.mode != "direct" or config.env.num_envs != 1:
+        # Relabelling finds episodes by their done flags in storage order alone.
+        raise ConfigError(
+            f"{her} needs each env's steps stored one after the other, as only "
+            f"collector.mode=direct with env.num_envs=1 stores them (collector.mode="
+            f"{config.collector.mode!r}, env.num_envs={config.env.num_envs}): episodes are "
+            "found by their done flags alone, so interleaved envs would join into false episodes"
+        )
+    problem = goal_env_problem(config.env.name)
+    if problem is not None:
+        raise ConfigError(f"{her} relabels goals, but {config.env.name} {problem}")
+
+
+def goal_env_problem(env_name: str) -> str | None:
+    """What ``env_name`` lacks of a goal env (:data:`GOAL_KEYS`, :data:`GOAL_FUNCTIONS`),
+    or None."""
+    probe = gym.make(env_name)
+    space, unwrapped = probe.observation_space, probe.unwrapped
+    probe.close()
+    observed = space.spaces if isinstance(space, gym.spaces.Dict) else {}
+    missing_key = next((key for key in GOAL_KEYS if key not in observed), None)
+    if missing_key is not None:
+        return (
+            f"observes no {missing_key!r} (its observation space is a {type(space).__name__}, "
+            f"not a Dict of {', '.join(GOAL_KEYS)})"
+        )
+    missing = next(
+        (name for name in GOAL_FUNCTIONS if not callable(getattr(unwrapped, name, None))), None
+    )
+    if missing is not None:
+        return f"offers no {missing}(achieved_goal, desired_goal, info)"
+    return None
 
 
 def check_batch_split(collector: CollectorConfig, num_envs: int) -> None:

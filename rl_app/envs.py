@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium.wrappers import AtariPreprocessing, TimeLimit
-from torchrl.data import Unbounded
+from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import (
     CatFrames,
     Compose,
@@ -28,6 +28,7 @@ from torchrl.envs import (
     TransformedEnv,
     UnsqueezeTransform,
 )
+from torchrl.envs.gym_like import BaseInfoDictReader
 
 from rl_app.config import EnvConfig, NetworkConfig, is_atari
 
@@ -52,6 +53,9 @@ FRAME_STACK = 4
 FRAME_SIZE = 84
 FRAME_SKIP = 4
 ATARI_MAX_FRAMES = 108_000
+# A goal env says in info["is_success"] whether a step reached its goal (gymnasium-robotics'
+# convention); its TorchRL env writes that with each step, under SUCCESS_KEY.
+SUCCESS_KEY = "is_success"
 # Collector i (a worker process or a collection job) seeds its env with seed + i * stride:
 # distinct, reproducible episodes.
 WORKER_SEED_STRIDE = 10_007
@@ -90,6 +94,25 @@ class ObservationIndices(gym.ObservationWrapper):
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return observation[self.indices]
+
+
+class SuccessReader(BaseInfoDictReader):
+    """Writes a goal env's ``info["is_success"]`` (a bool or a NumPy number, or one per env
+    of a vector env) under SUCCESS_KEY, False where the info has none (after a reset).
+    TorchRL's default reader takes NumPy values only."""
+
+    def __init__(self, batch_size: torch.Size) -> None:
+        self.batch_size = batch_size
+
+    def __call__(self, info_dict: dict[str, Any], tensordict: Any) -> Any:
+        reached = torch.as_tensor(np.asarray(info_dict.get(SUCCESS_KEY, False), dtype=bool))
+        tensordict.set(SUCCESS_KEY, reached.expand(self.batch_size).reshape(*self.batch_size, 1))
+        return tensordict
+
+    @property
+    def info_spec(self) -> Composite:
+        success = Categorical(2, shape=(*self.batch_size, 1), dtype=torch.bool)
+        return Composite({SUCCESS_KEY: success}, shape=self.batch_size)
 
 
 def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
@@ -157,7 +180,8 @@ def make_env(
 ) -> EnvBase:
     """One seeded environment: float observations, a step counter, the episode return
     (``episode_reward``) and ``is_init`` flags at episode starts; with a recurrent
-    ``network``, also the policy's recurrent state (``RECURRENT_STATE_KEYS``).
+    ``network``, also the policy's recurrent state (``RECURRENT_STATE_KEYS``); a goal env
+    also says whether each step reached its goal (SUCCESS_KEY).
 
     An Atari game observes uint8 frames instead (:func:`frame_stacking`), and the reward
     the learner sees is clipped to its sign (Mnih et al., 2015), after ``episode_reward``
@@ -176,6 +200,8 @@ def make_env(
             autoreset_mode=gym.vector.AutoresetMode.DISABLED,
         )
     base = GymWrapper(gym_env, device=device)
+    if "desired_goal" in base.observation_spec.keys():
+        base.set_info_dict_reader(SuccessReader(base.batch_size))
     transforms = [DoubleToFloat(), StepCounter(), RewardSum(), InitTracker()]
     if is_atari(env.name):
         transforms = [*frame_stacking(), *transforms, SignTransform(in_keys=["reward"])]

@@ -5,21 +5,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import Evaluator
 from torchrl.envs import EnvBase
 
 from rl_app.config import Config
-from rl_app.envs import EVAL_SEED_OFFSET, env_factory, make_env
+from rl_app.envs import EVAL_SEED_OFFSET, SUCCESS_KEY, env_factory, make_env
+from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
 
 
 def evaluate(
     config: Config,
     policy_factory: Callable[..., TensorDictModuleBase],
     policy: TensorDictModuleBase,
-) -> float:
-    """Mean return of ``eval.episodes`` episodes played with ``policy``'s current weights and
-    its deterministic action (the mode of its distribution).
+) -> dict[str, float]:
+    """Mean return (``EVAL_KEY``) of ``eval.episodes`` episodes played with ``policy``'s
+    current weights and its deterministic action (the mode of its distribution); in a goal
+    env, also the share of them whose last step reached the goal (``SUCCESS_RATE_KEY``).
 
     The Evaluator builds its own env and its own policy copy, so evaluation never touches
     the learner's modules (the loop keeps the copy's initial weights off the learner's
@@ -36,11 +39,26 @@ def evaluate(
         max_steps=None,  # the env's StepCounter and time limit end episodes
         collector_kwargs={"traj_format": "cat"},
         backend="thread",
+        metrics_fn=success_rate,
     )
     try:
-        return float(evaluator.evaluate(policy)["eval/reward"])
+        metrics = evaluator.evaluate(policy)
     finally:
         evaluator.shutdown()
+    # The Evaluator names its metrics "eval/<name>", metrics_fn's among them.
+    scores = {EVAL_KEY: float(metrics["eval/reward"])}
+    if SUCCESS_RATE_KEY in metrics:
+        scores[SUCCESS_RATE_KEY] = float(metrics[SUCCESS_RATE_KEY])
+    return scores
+
+
+def success_rate(episodes: TensorDictBase) -> dict[str, float]:
+    """The share of ``episodes`` (whole ones, one after the other) whose last step reached
+    the goal, in a goal env (SUCCESS_KEY); nothing in others."""
+    if ("next", SUCCESS_KEY) not in episodes.keys(include_nested=True):
+        return {}
+    ends = episodes["next", "done"]
+    return {"success_rate": episodes["next", SUCCESS_KEY][ends].float().mean().item()}
 
 
 def evaluation_env(

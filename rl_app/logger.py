@@ -23,6 +23,7 @@ METRICS_FILE = "metrics.jsonl"
 CURVE_FILE = "curve.png"
 LOGS_DIR = "logs"
 EVAL_KEY = "eval/return"
+SUCCESS_RATE_KEY = "eval/success_rate"  # goal envs only
 
 
 def make_backend_logger(
@@ -86,7 +87,7 @@ class RunLogger:
                 self.backend.log_scalar(name, value, step=frames)
         if EVAL_KEY in metrics:
             self.eval_curve.append((frames, metrics[EVAL_KEY]))
-            self.progress.set_postfix(eval_return=f"{metrics[EVAL_KEY]:.1f}")
+            self.progress.set_postfix(eval_summary(metrics))
             plot_curve(self.eval_curve, self.run_dir / CURVE_FILE)
         self.progress.update(frames - self.progress.n)
 
@@ -114,14 +115,24 @@ class RunLogger:
         self.eval_curve = [(row["frames"], row[EVAL_KEY]) for row in kept if EVAL_KEY in row]
         self._seconds_before = kept[-1].get("wall_seconds", 0.0) if kept else 0.0
         self._started = time.monotonic()
-        if self.eval_curve:
-            self.progress.set_postfix(eval_return=f"{self.eval_curve[-1][1]:.1f}")
+        evaluations = [row for row in kept if EVAL_KEY in row]
+        if evaluations:
+            self.progress.set_postfix(eval_summary(evaluations[-1]))
         self.progress.update(frames - self.progress.n)
 
     def close(self) -> None:
         self.progress.close()
         if self._backend is not None and hasattr(self._backend, "close"):
             self._backend.close()
+
+
+def eval_summary(metrics: Mapping[str, float]) -> dict[str, str]:
+    """What the progress bar shows of an evaluation: its return and, in a goal env, its
+    success rate."""
+    summary = {"eval_return": f"{metrics[EVAL_KEY]:.1f}"}
+    if SUCCESS_RATE_KEY in metrics:
+        summary["success"] = f"{metrics[SUCCESS_RATE_KEY]:.0%}"
+    return summary
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

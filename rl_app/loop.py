@@ -244,8 +244,10 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     spec_env = make_env(config.env, config.seed, network=config.network)
     algorithm = make_algorithm(config, spec_env, devices.learner)
     transition = stored_transition(spec_env, algorithm.replay_keys())
+    # A goal env's reward and termination for other goals are functions of the goals alone,
+    # which hindsight relabelling asks of this env after it is closed.
+    buffer = make_replay_buffer(config.replay, run_dir / REPLAY_DIR, config.seed, spec_env)
     spec_env.close()
-    buffer = make_replay_buffer(config.replay, run_dir / REPLAY_DIR, config.seed)
     try:
         allocate_storage(buffer, transition)
     except OSError as error:
@@ -410,9 +412,7 @@ def run_iterations(run: Run) -> TrainResult:
             # or films never changes what it learns.
             if eval_due or stopping:
                 with phases("evaluating"), torch.random.fork_rng():
-                    metrics[EVAL_KEY] = evaluate(
-                        config, algorithm.policy_factory(), algorithm.policy
-                    )
+                    metrics.update(evaluate(config, algorithm.policy_factory(), algorithm.policy))
                 progress.record_eval(metrics[EVAL_KEY])
                 if config.eval.video and (progress.evaluations - 1) % config.eval.video_every == 0:
                     with phases("recording a video"), torch.random.fork_rng():

@@ -1,12 +1,16 @@
 """The replay buffer: memmap storage on disk inside the run directory, and a sampler
-chosen by ``replay.sampler`` (prioritized slices of whole trajectories by default)."""
+chosen by ``replay.sampler`` (prioritized slices of whole trajectories by default); with
+``replay.her_ratio``, goals relabelled in hindsight as transitions are sampled."""
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import gymnasium as gym
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.data import (
@@ -25,7 +29,12 @@ from torchrl.envs import EnvBase
 from rl_app.config import ReplayConfig, samples_sequences
 from rl_app.envs import RECURRENT_STATE_KEYS
 from rl_app.journal import JournaledStorage, record_patch
-from rl_app.upstream import VectorizedSliceSampler, lay_out_storage
+from rl_app.upstream import (
+    HindsightReplayBuffer,
+    VectorizedSliceSampler,
+    gymnasium_env,
+    lay_out_storage,
+)
 
 # The collector numbers every trajectory; slices are cut within one id.
 TRAJECTORY_KEY = ("collector", "traj_ids")
@@ -38,6 +47,10 @@ PRIORITY_KEY = "td_error"
 LOSS_MASK_KEY = "loss_mask"
 # R2D2's mix of a slice's largest and mean step priority (Kapturowski et al., 2019).
 SLICE_PRIORITY_ETA = 0.9
+# A transition is relabelled with the goal a later step achieved after its action (as
+# Stable-Baselines3's HerReplayBuffer does): the goal that step's reward was for. Stored
+# with every transition when relabelling is on.
+NEXT_ACHIEVED_GOAL = ("next", "achieved_goal")
 
 
 def make_sampler(replay: ReplayConfig) -> Sampler:
@@ -67,13 +80,15 @@ def make_sampler(replay: ReplayConfig) -> Sampler:
 
 
 def make_replay_buffer(
-    replay: ReplayConfig, scratch_dir: Path, seed: int
+    replay: ReplayConfig, scratch_dir: Path, seed: int, env: EnvBase | None = None
 ) -> TensorDictReplayBuffer:
     """A buffer of ``replay.capacity`` transitions memory-mapped under ``scratch_dir``, or
     held in GPU memory when ``replay.device`` is a GPU (a memory map lives on the host).
 
     The buffer draws from its own seeded generator, so sampling is reproducible and its
-    state travels with the buffer's checkpoint."""
+    state travels with the buffer's checkpoint. With ``replay.her_ratio`` it relabels
+    goals (:func:`hindsight_buffer`) with the reward and termination of goal env ``env``;
+    its goals are drawn from torch's global generator, which checkpoints save too."""
     generator = torch.Generator()
     generator.manual_seed(seed)
     if replay.device.startswith("cuda"):
@@ -86,15 +101,71 @@ def make_replay_buffer(
         # Each sampled anchor expands into burn_in steps before it and slice_len from it,
         # cut at its episode's ends (padded there, and masked).
         sequence = Sequence(replay.slice_len, burn_in=replay.burn_in, episode_boundary="pad")
-    return TensorDictReplayBuffer(
-        storage=storage,
-        sampler=make_sampler(replay),
-        sample_unit=sequence,
+    parts = {
+        "storage": storage,
+        "sampler": make_sampler(replay),
+        "sample_unit": sequence,
         # Each slot counts its overwrites, so late priorities can be told from fresh ones.
-        writer=TensorDictRoundRobinWriter(track_generations=True),
-        priority_key=PRIORITY_KEY,
-        generator=generator,
+        "writer": TensorDictRoundRobinWriter(track_generations=True),
+        "priority_key": PRIORITY_KEY,
+        "generator": generator,
+    }
+    if replay.her_ratio:
+        return hindsight_buffer(replay, gymnasium_env(env).unwrapped, parts)
+    return TensorDictReplayBuffer(**parts)
+
+
+def hindsight_buffer(replay: ReplayConfig, goal_env: gym.Env, parts: dict) -> HindsightReplayBuffer:
+    """TorchRL's hindsight experience replay over a buffer made of ``parts``: the first
+    ``replay.her_ratio`` of each sampled batch takes as desired goal (and next desired goal)
+    what its episode achieved after one of its steps, picked by ``replay.her_strategy``,
+    with the reward ``goal_env`` gives for it; every sampled transition's ``terminated``
+    is recomputed for its goal (:class:`~rl_app.upstream.HindsightReplayBuffer`).
+
+    TorchRL finds episodes in storage order: the steps of the one episode that wraps past
+    the end of a full ring take goals from their own slot (future) or from the episode
+    before them (final, episode). Those transitions stay right, reward and termination
+    being recomputed for whatever goal they get; only their goals are not hindsight ones."""
+    return HindsightReplayBuffer(
+        reward_fn=functools.partial(goal_reward, goal_env),
+        terminated_fn=functools.partial(goal_terminated, goal_env),
+        her_ratio=replay.her_ratio,
+        strategy=replay.her_strategy,
+        achieved_goal_key=NEXT_ACHIEVED_GOAL,
+        **parts,
     )
+
+
+def goal_reward(goal_env: gym.Env, transitions: TensorDictBase) -> torch.Tensor:
+    """The reward of each transition for its desired goal: ``goal_env.compute_reward`` of
+    the goal achieved after its action."""
+    reward = goal_env.compute_reward(*goals_of(transitions), [{}] * transitions.numel())
+    return as_step_values(reward, transitions, torch.float32)
+
+
+def goal_terminated(goal_env: gym.Env, transitions: TensorDictBase) -> torch.Tensor:
+    """Whether each transition ends its episode under its desired goal:
+    ``goal_env.compute_terminated`` of the goal achieved after its action."""
+    ended = goal_env.compute_terminated(*goals_of(transitions), [{}] * transitions.numel())
+    return as_step_values(ended, transitions, torch.bool)
+
+
+def goals_of(transitions: TensorDictBase) -> tuple[np.ndarray, np.ndarray]:
+    """The goals achieved after each transition's action and the desired ones, as a goal
+    env's functions take them."""
+    achieved = transitions[NEXT_ACHIEVED_GOAL].reshape(transitions.numel(), -1)
+    desired = transitions["desired_goal"].reshape(transitions.numel(), -1)
+    return achieved.cpu().numpy(), desired.cpu().numpy()
+
+
+def as_step_values(
+    values: np.ndarray, transitions: TensorDictBase, dtype: torch.dtype
+) -> torch.Tensor:
+    """One value per transition, shaped as its reward: ``[*batch, 1]``. A goal env may
+    answer a constant for every goal (gymnasium-robotics' ``compute_terminated``)."""
+    values = np.broadcast_to(np.asarray(values), (transitions.numel(),))
+    tensor = torch.as_tensor(values.copy(), dtype=dtype, device=transitions.device)
+    return tensor.reshape(*transitions.shape, 1)
 
 
 def stored_transition(env: EnvBase, keys: Iterable) -> TensorDictBase:
@@ -147,7 +218,9 @@ def sample_batches(
     sampler, ``[batch_size / slice_len, burn_in + slice_len]`` from the sequence sampler
     (see :func:`sequence_windows`), ``[batch_size]`` transitions from the others.
 
-    One call instead of ``count`` spares the sampler's fixed cost per call. Drawn together,
+    One call instead of ``count`` spares the sampler's fixed cost per call (with hindsight
+    relabelling, each batch gets its share of relabelled transitions: :func:`dealt_out`).
+    Drawn together,
     the batches all see the priorities as they stood before the first of their updates
     (:func:`write_priorities` then writes the new ones together). A slice sampler returns
     its slices one after the other, each in time order, so the flat sample reshapes into
@@ -157,10 +230,20 @@ def sample_batches(
         windows = sequence_windows(buffer.sample(anchors).reshape(anchors, -1))
         return list(windows.to(device).reshape(count, -1, windows.shape[1]).unbind(0))
     sample = buffer.sample(count * batch_size)
+    if replay.her_ratio:
+        sample = dealt_out(sample, count)
     sample = (sample if complete is None else complete(sample)).to(device)
     if samples_sequences(replay.sampler):
         return list(sample.reshape(count, -1, replay.slice_len).unbind(0))
     return list(sample.reshape(count, -1).unbind(0))
+
+
+def dealt_out(sample: TensorDictBase, count: int) -> TensorDictBase:
+    """``sample`` reordered so that, cut into ``count`` batches, each holds every
+    ``count``-th transition of it. Hindsight relabelling relabels the first
+    ``replay.her_ratio`` of a sample: each batch then gets that share of it."""
+    order = torch.arange(sample.numel()).reshape(-1, count).T.reshape(-1)
+    return sample[order]
 
 
 def sequence_windows(windows: TensorDictBase) -> TensorDictBase:

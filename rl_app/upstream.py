@@ -28,6 +28,8 @@ deleted) once TorchRL changes that behaviour. Nothing else in rl_app touches a p
    ``state_dict`` holds the data too), in tensors that load without unpickling objects.
 10. :class:`VectorizedSliceSampler`: after every extend, TorchRL's prioritized slice
     sampler lays out which slots may start a slice in a Python loop over the trajectories.
+11. :class:`HindsightReplayBuffer`: ``HERReplayBuffer`` raises at its first sample once the
+    storage is full, and keeps a relabelled transition's stored ``terminated`` flag.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from tensordict.nn import TensorDictModuleBase, TensorDictSequential
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
-from torchrl.data import PrioritizedSliceSampler, ReplayBuffer, TensorStorage
+from torchrl.data import HERReplayBuffer, PrioritizedSliceSampler, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.envs import EnvBase
 from torchrl.modules import LSTMModule
@@ -396,3 +398,44 @@ class VectorizedSliceSampler(PrioritizedSliceSampler):
         first = (lengths.cumsum(0) - lengths).unsqueeze(1)
         slots = arange[(first + step).clamp(0, len(arange) - 1)]
         return torch.where(step >= 0, slots, torch.full_like(slots, -1))
+
+
+# -- 11. hindsight relabelling -------------------------------------------------------------
+
+
+class HindsightReplayBuffer(HERReplayBuffer):
+    """TorchRL's ``HERReplayBuffer`` with two of its behaviours changed:
+
+    - It rebuilds its table of episode ends when the storage changed, which it tells by a
+      key holding the storage's private ``_last_cursor``: a tensor of slots after any
+      ``extend``. Once the storage is full the lengths in two keys are equal and Python
+      compares the tensors, which raises ("Boolean value of Tensor with more than one
+      value is ambiguous"); and a cursor that comes round to the same slots would keep a
+      stale table. Here the key is the storage's length and the writer's count of writes,
+      which grows with every one (private ``_storage_cache_key``).
+    - A relabelled transition keeps its stored ``("next", "terminated")``: where an episode
+      ends on reaching its goal, the step that reaches the new goal would bootstrap past
+      it, and the step that reached the old one would stop bootstrapping. Here
+      ``terminated_fn`` recomputes the flag of every sampled transition, after the
+      relabelling (in private ``_sample``); a transition that keeps its goal gets back its
+      own flag, where ``terminated_fn`` agrees with the env.
+
+    Tests: ``test_a_full_her_buffer_still_fails_to_compare_its_cache_key`` and
+    ``test_her_still_keeps_the_stored_terminated_flag``."""
+
+    def __init__(
+        self,
+        reward_fn: Callable[[TensorDictBase], torch.Tensor],
+        terminated_fn: Callable[[TensorDictBase], torch.Tensor],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(reward_fn, **kwargs)
+        self.terminated_fn = terminated_fn
+
+    def _storage_cache_key(self, storage: Any) -> tuple:
+        return (len(storage), self.write_count)
+
+    def _sample(self, batch_size: int) -> tuple[Any, dict]:
+        data, info = super()._sample(batch_size)
+        data.set(("next", "terminated"), self.terminated_fn(data))
+        return data, info

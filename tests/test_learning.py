@@ -1,7 +1,8 @@
 """Learning checks: the shipped presets really learn.
 
 ``make test`` trains each preset for as long as it takes seed 0 to get most of the way
-(``slow``: about two minutes each); broken learning (no bootstrapped target, no gradient
+(``slow``: about two minutes each; bit flipping, with and without hindsight relabelling,
+under a minute each); broken learning (no bootstrapped target, no gradient
 step) stays far below their bars (docs/results.md, "Learning checks"). ``make test-all``
 adds the full-length runs (``release``), whose final results the results table reports."""
 
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rl_app.config import load_config
+from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
 from rl_app.loop import TrainResult, train
 from rl_app.play import play
 
@@ -54,6 +56,28 @@ def test_dqn_preset_learns_cartpole_within_25k_frames(tmp_path: Path) -> None:
     # A random policy scores about 20; seed 0 ends at 487 here, at 500 from 30k frames on.
     result = train_preset("dqn_cartpole", tmp_path, *trained_for(25_600))
     assert result.last_eval_reward >= 300, result
+
+
+def bit_flip_success(tmp_path: Path, her_ratio: float) -> float:
+    """The final success rate over 50 evaluation episodes of the bit-flipping preset on 10
+    bits for 4,500 frames, relabelling ``her_ratio`` of each batch."""
+    overrides = [
+        "env.name=rl_app.goal_envs:rl_app/BitFlip10-v0",
+        f"replay.her_ratio={her_ratio}",
+        *trained_for(4_500),
+        "eval.episodes=50",
+    ]
+    config = load_config("dqn_bitflip", [f"run_dir={tmp_path}", "logger.backend=none", *overrides])
+    return read_metrics(train(config).run_dir)[-1][SUCCESS_RATE_KEY]
+
+
+@pytest.mark.slow
+def test_hindsight_relabelling_learns_10_bit_flipping_that_dqn_alone_does_not(
+    tmp_path: Path,
+) -> None:
+    # Seed 0: 1.0 with relabelling (from 3,000 frames on), 0.0 without it.
+    assert bit_flip_success(tmp_path / "her", 0.8) >= 0.9
+    assert bit_flip_success(tmp_path / "alone", 0.0) <= 0.2
 
 
 @pytest.mark.release

@@ -136,6 +136,47 @@ def test_resume_at_an_episode_boundary_matches_the_uninterrupted_run(
     assert [strip_wall_time(row) for row in alone[2]] == [strip_wall_time(row) for row in metrics]
 
 
+# Bit flipping with hindsight relabelling, small: 15 steps per episode, none reached by the
+# near-random policy of the first 600 frames, so that the stop at 600 falls on an episode
+# boundary; relabelling and updates run from 300 frames on.
+SMALL_BIT_FLIP = [
+    "network.hidden_sizes=[32,32]",
+    "collector.frames_per_batch=150",
+    "collector.init_random_frames=300",
+    "optim.utd_ratio=0.2",
+    "optim.batch_size=64",
+    "replay.capacity=5000",
+    "eval.interval_frames=300",
+    "eval.episodes=2",
+    "logger.backend=none",
+]
+
+
+def test_resume_with_hindsight_relabelling_matches_the_uninterrupted_run(tmp_path: Path) -> None:
+    def config(run_dir: Path, frames: int):
+        overrides = [*SMALL_BIT_FLIP, f"collector.total_frames={frames}", f"run_dir={run_dir}"]
+        return load_config("dqn_bitflip", overrides)
+
+    alone = train_in_process(config(tmp_path / "a", 1200))
+    interrupted = tmp_path / "b"
+    train(config(interrupted, 600))
+    assert read_metrics(interrupted)[-1]["episodes"] == 600 // 15  # whole episodes only
+    run = build_run(config(interrupted, 1200), resuming=True)
+    try:
+        run.checkpoints.load(choose_checkpoint(interrupted / "checkpoints")[0])
+        run.logger.rewind(run.progress.frames)
+        run_iterations(run)
+        params, buffer, metrics = final_state(run), run.buffer[:].clone(), read_metrics(interrupted)
+    finally:
+        run.close()
+
+    for key in alone[0]:
+        assert torch.equal(alone[0][key], params[key]), key
+    assert (alone[1] == buffer).all()
+    assert [strip_wall_time(row) for row in alone[2]] == [strip_wall_time(row) for row in metrics]
+    assert all("eval/success_rate" in row for row in metrics if "eval/return" in row)
+
+
 # -- kill -9, SIGTERM --------------------------------------------------------------------
 
 

@@ -127,6 +127,13 @@ def observation_dim(env: EnvBase) -> int | None:
     return env.observation_spec["observation"].shape[-1]
 
 
+def goal_dim(env: EnvBase) -> int | None:
+    """The size of the desired goal ``env`` observes (a goal env), or None."""
+    if "desired_goal" not in env.observation_spec.keys():
+        return None
+    return env.observation_spec["desired_goal"].shape[-1]
+
+
 def make_adam(parameters: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Adam:
     """Adam at ``optim.lr`` with epsilon ``optim.adam_eps``, fused into one kernel per step
     with ``optim.fused_adam``, and keeping its step counts on the GPU (capturable) when a

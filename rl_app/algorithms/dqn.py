@@ -36,6 +36,7 @@ from torchrl.objectives import DQNLoss, HardUpdate
 from rl_app.algorithms.base import (
     Algorithm,
     capture_step,
+    goal_dim,
     loss_function,
     make_adam,
     make_value_estimator,
@@ -45,7 +46,7 @@ from rl_app.algorithms.base import (
 from rl_app.config import Config, DQNConfig, NetworkConfig
 from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS
 from rl_app.frames import random_shift, stored_keys
-from rl_app.replay import PRIORITY_KEY
+from rl_app.replay import NEXT_ACHIEVED_GOAL, PRIORITY_KEY
 from rl_app.upstream import unrolling_view
 
 # The Nature CNN's convolutions (Mnih et al., 2015): 84x84 frames come out as 64 maps of
@@ -91,9 +92,13 @@ class EvaluationEpsilon(EGreedyModule):
 
 
 def make_qvalue_actor(
-    network: NetworkConfig, observation_dim: int | None, action_spec: TensorSpec
+    network: NetworkConfig,
+    observation_dim: int | None,
+    goal_dim: int | None,
+    action_spec: TensorSpec,
 ) -> TensorDictModuleBase:
-    """Observation -> Q-value of every action -> greedy action: an MLP, or with
+    """Observation -> Q-value of every action -> greedy action: an MLP (over the
+    observation and the desired goal where the env observes one, ``goal_dim``), or with
     ``network.recurrent=lstm`` an MLP embedding, an LSTM and a one-layer MLP Q-head; the
     Nature CNN for stacked frames (``observation_dim`` None).
 
@@ -105,13 +110,15 @@ def make_qvalue_actor(
     if observation_dim is None:
         return QValueActor(nature_cnn(actions), in_keys=[PIXELS_KEY], spec=action_spec)
     if network.recurrent == "none":
+        goal_keys = [] if goal_dim is None else ["desired_goal"]
         qnetwork = MLP(
-            in_features=observation_dim,
+            in_features=observation_dim + (goal_dim or 0),
             out_features=actions,
             num_cells=network.hidden_sizes,
             activation_class=nn.ReLU,
         )
-        return QValueActor(qnetwork, in_keys=["observation"], spec=action_spec)
+        # TorchRL's MLP concatenates its inputs: Q(observation, goal).
+        return QValueActor(qnetwork, in_keys=["observation", *goal_keys], spec=action_spec)
     embedding = MLP(
         in_features=observation_dim,
         out_features=network.hidden_sizes[-1],
@@ -145,6 +152,7 @@ def make_policy(
     network: NetworkConfig,
     dqn: DQNConfig,
     observation_dim: int | None,
+    goal_dim: int | None,
     action_spec: TensorSpec,
     env: EnvBase | None = None,
 ) -> TensorDictSequential:
@@ -155,7 +163,7 @@ def make_policy(
     it deterministically, which leaves the greedy action, or with ``dqn.eval_eps`` a
     random one that often (:class:`EvaluationEpsilon`). ``env`` is accepted and unused
     because TorchRL's Evaluator calls policy factories with the evaluation env."""
-    actor = make_qvalue_actor(network, observation_dim, action_spec)
+    actor = make_qvalue_actor(network, observation_dim, goal_dim, action_spec)
     explore = EGreedyModule(
         action_spec,
         eps_init=dqn.eps_start,
@@ -172,13 +180,13 @@ class DQN(Algorithm):
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
         self._observation_dim = observation_dim(env)
+        self._goal_dim = goal_dim(env)
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._network = config.network
         self._dqn = config.dqn
         self._recurrent = config.network.recurrent != "none"
-        self.policy = make_policy(
-            config.network, config.dqn, self._observation_dim, self._action_spec
-        ).to(device)
+        self._relabels_goals = config.replay.her_ratio > 0
+        self.policy = self.policy_factory()().to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
         self.loss = DQNLoss(
             unrolling_view(actor) if self._recurrent else actor,
@@ -200,11 +208,18 @@ class DQN(Algorithm):
     def replay_keys(self) -> list[Any]:
         if self._observation_dim is None:  # stacked frames: stored once, rebuilt when sampled
             return stored_keys(super().replay_keys())
+        if self._relabels_goals:  # where the relabelling goals come from
+            return [*super().replay_keys(), NEXT_ACHIEVED_GOAL]
         return super().replay_keys()
 
     def policy_factory(self) -> Callable[..., TensorDictSequential]:
         return functools.partial(
-            make_policy, self._network, self._dqn, self._observation_dim, self._action_spec
+            make_policy,
+            self._network,
+            self._dqn,
+            self._observation_dim,
+            self._goal_dim,
+            self._action_spec,
         )
 
     def update(self, batch: TensorDictBase) -> TensorDictBase:

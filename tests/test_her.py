@@ -1,0 +1,190 @@
+"""Hindsight experience replay in rl_app: which goal a transition is relabelled with, its
+reward and termination for that goal, the goal-conditioned Q-network, the success rate of
+evaluations, and the settings that are refused."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import gymnasium as gym
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rl_app.algorithms import make_algorithm
+from rl_app.config import ConfigError, EnvConfig, ReplayConfig, load_config
+from rl_app.envs import SUCCESS_KEY, make_env
+from rl_app.evaluation import evaluate, success_rate
+from rl_app.goal_envs import BIT_FLIP_IDS, BitFlippingEnv
+from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
+from rl_app.replay import NEXT_ACHIEVED_GOAL, TRAJECTORY_KEY, make_replay_buffer, sample_batches
+
+BIT_FLIP = f"rl_app.goal_envs:{BIT_FLIP_IDS[10]}"
+# The desired goal stored with every hand-built step: no step achieves it.
+UNREACHED = -1.0
+STEPS = 4
+
+
+class BitFlipWithoutTermination(BitFlippingEnv):
+    """A goal env that cannot say whether a goal ends an episode."""
+
+    compute_terminated = None
+
+
+NO_TERMINATION_ID = "rl_app_test/BitFlipWithoutTermination-v0"
+gym.register(NO_TERMINATION_ID, entry_point=BitFlipWithoutTermination, max_episode_steps=10)
+
+
+@pytest.fixture(autouse=True)
+def seeded() -> Iterator[None]:
+    # Relabelling draws its goals from torch's global generator.
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        yield
+
+
+def episode(first: float, traj: int) -> TensorDict:
+    """STEPS transitions whose achieved goal is ``first + t`` before step ``t``'s action and
+    ``first + t + 1`` after it, under the goal UNREACHED; the last step is truncated."""
+    achieved = first + torch.arange(STEPS + 1, dtype=torch.float32).unsqueeze(-1)
+    goal = torch.full((STEPS, 1), UNREACHED)
+    end = torch.zeros(STEPS, 1, dtype=torch.bool)
+    end[-1] = True
+    return TensorDict(
+        {
+            "achieved_goal": achieved[:-1],
+            "desired_goal": goal,
+            TRAJECTORY_KEY: torch.full((STEPS,), traj),
+            "next": {
+                "achieved_goal": achieved[1:],
+                "desired_goal": goal.clone(),
+                "reward": torch.full((STEPS, 1), -1.0),
+                "done": end,
+                "terminated": torch.zeros_like(end),
+            },
+        },
+        [STEPS],
+    )
+
+
+def relabelling_buffer(tmp_path: Path, strategy: str, her_ratio: float = 1.0):
+    """rl_app's buffer with two hand-built episodes (achieved goals 0-4 and 10-14), relabelled
+    by bit flipping's reward and termination (a goal is reached where it equals the one
+    achieved after the action)."""
+    replay = ReplayConfig(
+        capacity=64, sampler="uniform", her_ratio=her_ratio, her_strategy=strategy
+    )
+    buffer = make_replay_buffer(replay, tmp_path, seed=0, env=make_env(EnvConfig(name=BIT_FLIP), 0))
+    buffer.extend(torch.cat([episode(0, traj=0), episode(10, traj=1)]))
+    return replay, buffer
+
+
+# Stable-Baselines3's HerReplayBuffer relabels the transition at step t of an episode of T
+# steps with next_observations["achieved_goal"] of step: a uniform one of t..T-1 (future,
+# t included), T-1 (final), a uniform one of 0..T-1 (episode). Here step t achieves t + 1.
+SB3_GOALS = {
+    "future": lambda t: set(range(t + 1, STEPS + 1)),
+    "final": lambda t: {STEPS},
+    "episode": lambda t: set(range(1, STEPS + 1)),
+}
+
+
+@pytest.mark.parametrize("strategy", SB3_GOALS)
+def test_goals_are_those_later_steps_achieved_after_their_actions_as_in_sb3(
+    strategy: str, tmp_path: Path
+) -> None:
+    _, buffer = relabelling_buffer(tmp_path, strategy)
+    sample = buffer.sample(1024)
+    goals = defaultdict(set)
+    pairs = zip(sample["achieved_goal"].flatten(), sample["desired_goal"].flatten(), strict=True)
+    for before, goal in pairs:
+        first = 10 * (before // 10)  # the episode's first achieved goal
+        goals[(first.item(), (before - first).item())].add((goal - first).item())
+    expected = {(first, t): SB3_GOALS[strategy](t) for first in (0, 10) for t in range(STEPS)}
+    assert goals == expected
+    assert torch.equal(sample["next", "desired_goal"], sample["desired_goal"])
+
+
+def test_reward_and_termination_are_the_envs_for_the_new_goal(tmp_path: Path) -> None:
+    _, buffer = relabelling_buffer(tmp_path, "future")
+    sample = buffer.sample(512)
+    reached = sample[NEXT_ACHIEVED_GOAL] == sample["desired_goal"]
+    assert reached.any() and not reached.all()
+    assert torch.equal(sample["next", "reward"], reached.float() - 1)
+    # Bit flipping ends an episode where its goal is reached: so does the relabelled one.
+    assert torch.equal(sample["next", "terminated"], reached)
+
+
+def test_each_update_gets_its_share_of_relabelled_transitions(tmp_path: Path) -> None:
+    replay, buffer = relabelling_buffer(tmp_path, "future", her_ratio=0.5)
+    batches = sample_batches(buffer, replay, batch_size=32, count=4)
+    for batch in batches:
+        assert int((batch["desired_goal"] != UNREACHED).sum()) == 16
+
+
+def test_the_q_network_reads_the_desired_goal_and_the_buffer_keeps_what_relabels() -> None:
+    config = load_config("dqn_bitflip", ["network.hidden_sizes=[16]", "run_dir=runs/unused"])
+    env = make_env(config.env, config.seed)
+    algorithm = make_algorithm(config, env, torch.device("cpu"))
+    keys = algorithm.replay_keys()
+    assert {"desired_goal", ("next", "desired_goal"), NEXT_ACHIEVED_GOAL} <= set(keys)
+    step = env.reset()
+    values = algorithm.policy(step.clone())["action_value"]
+    step["desired_goal"] = 1 - step["desired_goal"]
+    assert not torch.equal(algorithm.policy(step)["action_value"], values)
+    off = load_config("dqn_bitflip", ["replay.her_ratio=0", "run_dir=runs/unused"])
+    assert NEXT_ACHIEVED_GOAL not in make_algorithm(off, env, torch.device("cpu")).replay_keys()
+
+
+def test_success_rate_is_the_share_of_episodes_ending_at_their_goal() -> None:
+    ends = torch.tensor([0, 1, 0, 0, 1, 1], dtype=torch.bool).unsqueeze(-1)
+    success = torch.tensor([0, 1, 1, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
+    episodes = TensorDict({"next": {"done": ends, SUCCESS_KEY: success}}, [6])
+    assert success_rate(episodes) == {"success_rate": pytest.approx(2 / 3)}
+    assert success_rate(episodes.exclude(("next", SUCCESS_KEY))) == {}
+
+
+def test_evaluation_reports_the_success_rate_of_a_goal_env_only(tiny_config) -> None:
+    for preset, has_goals in (("dqn_bitflip", True), ("dqn_cartpole", False)):
+        config = tiny_config("eval.episodes=3", preset=preset)
+        env = make_env(config.env, config.seed)
+        algorithm = make_algorithm(config, env, torch.device("cpu"))
+        scores = evaluate(config, algorithm.policy_factory(), algorithm.policy)
+        assert set(scores) == ({EVAL_KEY, SUCCESS_RATE_KEY} if has_goals else {EVAL_KEY})
+        assert 0 <= scores.get(SUCCESS_RATE_KEY, 0) <= 1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        (["env.name=CartPole-v1"], "CartPole-v1 observes no 'desired_goal'"),
+        ([f"env.name=tests.test_her:{NO_TERMINATION_ID}"], "offers no compute_terminated"),
+        (["replay.sampler=prioritized_slice", "replay.slice_len=4"], "needs one-step transitions"),
+        (["replay.sampler=slice", "replay.slice_len=2"], "needs one-step transitions"),
+        (["replay.sampler=prioritized_sequence", "replay.slice_len=1"], "one-step transitions"),
+        (["env.num_envs=2"], "collector.mode=direct with env.num_envs=1"),
+        (["collector.mode=sync"], "collector.mode=direct with env.num_envs=1"),
+        (["algo=sac", "env.name=rl_app.goal_envs:rl_app/PointReach-v0"], "only algo=dqn"),
+        (
+            ["network.recurrent=lstm", "replay.sampler=prioritized_slice", "replay.slice_len=1"],
+            "only algo=dqn's MLP",
+        ),
+        (["replay.her_strategy=random"], "choose one of future, final, episode"),
+        (["replay.her_ratio=1.5"], "replay.her_ratio=1.5 is out of range"),
+    ],
+)
+def test_settings_hindsight_relabelling_cannot_serve_are_refused(
+    overrides: list[str], why: str
+) -> None:
+    with pytest.raises(ConfigError, match=r"replay\.her") as refused:
+        load_config("dqn_bitflip", [*overrides, "run_dir=runs/unused"])
+    assert why in str(refused.value)
+
+
+def test_one_step_slices_are_accepted() -> None:
+    config = load_config(
+        "dqn_bitflip", ["replay.sampler=prioritized_slice", "replay.slice_len=1", "run_dir=r"]
+    )
+    assert config.replay.her_ratio == 0.8
