@@ -121,19 +121,29 @@ def test_resume_at_an_episode_boundary_matches_the_uninterrupted_run(
     train(tiny_config(*target, "collector.total_frames=800", run_dir=interrupted))
     resumed = load_config("default", [f"run_dir={interrupted}", "collector.total_frames=1600"])
     assert resumed.network.hidden_sizes == [32, 32]  # the saved config, not the preset
-    run = build_run(resumed, resuming=True)
+    assert_same_run(alone, resume_in_process(resumed))
+
+
+def resume_in_process(config) -> tuple[dict, TensorDict, list[dict]]:
+    """Resume ``config``'s run from its newest checkpoint and train it to its end."""
+    run = build_run(config, resuming=True)
     try:
-        run.checkpoints.load(choose_checkpoint(interrupted / "checkpoints")[0])
+        run.checkpoints.load(choose_checkpoint(Path(config.run_dir) / "checkpoints")[0])
         run.logger.rewind(run.progress.frames)
         run_iterations(run)
-        params, buffer, metrics = final_state(run), run.buffer[:].clone(), read_metrics(interrupted)
+        return final_state(run), run.buffer[:].clone(), read_metrics(run.run_dir)
     finally:
         run.close()
 
+
+def assert_same_run(alone: tuple, resumed: tuple) -> None:
+    """The same parameters, replay buffer and metrics (wall time aside)."""
     for key in alone[0]:
-        assert torch.equal(alone[0][key], params[key]), key
-    assert (alone[1] == buffer).all()
-    assert [strip_wall_time(row) for row in alone[2]] == [strip_wall_time(row) for row in metrics]
+        assert torch.equal(alone[0][key], resumed[0][key]), key
+    assert (alone[1] == resumed[1]).all()
+    assert [strip_wall_time(row) for row in alone[2]] == [
+        strip_wall_time(row) for row in resumed[2]
+    ]
 
 
 # Bit flipping with hindsight relabelling, small: 15 steps per episode, none reached by the
@@ -161,20 +171,9 @@ def test_resume_with_hindsight_relabelling_matches_the_uninterrupted_run(tmp_pat
     interrupted = tmp_path / "b"
     train(config(interrupted, 600))
     assert read_metrics(interrupted)[-1]["episodes"] == 600 // 15  # whole episodes only
-    run = build_run(config(interrupted, 1200), resuming=True)
-    try:
-        run.checkpoints.load(choose_checkpoint(interrupted / "checkpoints")[0])
-        run.logger.rewind(run.progress.frames)
-        run_iterations(run)
-        params, buffer, metrics = final_state(run), run.buffer[:].clone(), read_metrics(interrupted)
-    finally:
-        run.close()
-
-    for key in alone[0]:
-        assert torch.equal(alone[0][key], params[key]), key
-    assert (alone[1] == buffer).all()
-    assert [strip_wall_time(row) for row in alone[2]] == [strip_wall_time(row) for row in metrics]
-    assert all("eval/success_rate" in row for row in metrics if "eval/return" in row)
+    resumed = resume_in_process(config(interrupted, 1200))
+    assert_same_run(alone, resumed)
+    assert all("eval/success_rate" in row for row in resumed[2] if "eval/return" in row)
 
 
 # -- kill -9, SIGTERM --------------------------------------------------------------------

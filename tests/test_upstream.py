@@ -51,6 +51,7 @@ from rl_app.upstream import (
     without_tensorclass_memo_guards,
 )
 from tests import faulty_envs
+from tests.test_her_upstream import episode
 
 
 def test_gym_wrapper_keeps_the_gymnasium_env_in_a_private_attribute() -> None:
@@ -302,28 +303,6 @@ def test_the_prioritized_slice_sampler_still_pads_in_a_loop() -> None:
     assert torch.equal(sampler._padded_indices(lengths, arange), expected)
 
 
-def goal_episode(first: float, steps: int) -> TensorDict:
-    """An episode whose achieved goal is ``first + t`` before step ``t`` and one more after
-    it, under a goal no step reaches; it terminates at its last step."""
-    achieved = first + torch.arange(steps + 1, dtype=torch.float32).unsqueeze(-1)
-    goal = torch.full((steps, 1), -1.0)
-    end = torch.zeros(steps, 1, dtype=torch.bool)
-    end[-1] = True
-    return TensorDict(
-        {
-            "desired_goal": goal,
-            "next": {
-                "achieved_goal": achieved[1:],
-                "desired_goal": goal.clone(),
-                "reward": torch.full((steps, 1), -1.0),
-                "done": end,
-                "terminated": end.clone(),
-            },
-        },
-        [steps],
-    )
-
-
 def reached(td: TensorDict) -> torch.Tensor:
     return td["next", "achieved_goal"] == td["desired_goal"]
 
@@ -351,15 +330,15 @@ def test_a_full_her_buffer_still_fails_to_compare_its_cache_key() -> None:
     torchrl, rl_app = her_buffers(capacity=16, strategy="final").values()
     for first in (0, 10):  # the second episode fills the storage
         for buffer in (torchrl, rl_app):
-            buffer.extend(goal_episode(first, 8))
+            buffer.extend(episode(first, 8))
             buffer.sample(4)
-    torchrl.extend(goal_episode(20, 8))
+    torchrl.extend(episode(20, 8))
     with pytest.raises(RuntimeError, match="ambiguous"):
         torchrl.sample(4)
     # rl_app's finds the episodes anew after each write: each step's final goal is the one
     # its own episode ended at.
     for first in (20, 30, 40):
-        rl_app.extend(goal_episode(first, 8))
+        rl_app.extend(episode(first, 8))
         sample = rl_app.sample(64)
         final = (sample["next", "achieved_goal"] - 1) // 10 * 10 + 8
         assert torch.equal(sample["desired_goal"], final)
@@ -367,7 +346,7 @@ def test_a_full_her_buffer_still_fails_to_compare_its_cache_key() -> None:
 
 def test_her_still_keeps_the_stored_terminated_flag() -> None:
     for name, buffer in her_buffers(capacity=16, strategy="episode").items():
-        buffer.extend(goal_episode(0, 4))
+        buffer.extend(episode(0, 4))
         sample = buffer.sample(256)
         stored = sample["next", "achieved_goal"] == 4  # the episode's last step terminated
         assert not torch.equal(reached(sample), stored)  # goals reached elsewhere too
