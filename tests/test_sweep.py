@@ -9,12 +9,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import yaml
 
 from rl_app.config import load_config
 from rl_app.loop import train
-from rl_app.sweep import JOURNAL_FILE, load_sweep, main, open_study
+from rl_app.sweep import JOURNAL_FILE, claim_next, load_sweep, main, open_study, run_trial
 from tests.helpers import PYTHON, ROOT, TINY_RUN, wait_for
 
 # optim.batch_size=48: a multiple of every replay.slice_len in SPACE.
@@ -96,6 +97,22 @@ def test_a_stop_asked_after_an_evaluation_stops_at_that_boundary_with_a_checkpoi
     result = train(config, on_eval=prune_at_first)
     assert seen == [400] and result.frames == 400 and result.stopped_by == "pruned"
     assert int(result.last_checkpoint.name.split("-")[1]) == 400
+
+
+def test_a_pruned_trial_stops_at_that_evaluation_with_a_checkpoint(tmp_path: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path))
+    sweep.dir.mkdir()
+    study = open_study(sweep)
+    study.pruner = optuna.pruners.ThresholdPruner(lower=1e9)  # prunes every return
+    trial, claim = claim_next(study, sweep)
+    try:
+        assert run_trial(study, trial, sweep) is None
+    finally:
+        claim.release()
+    pruned = study.get_trials()[0]
+    assert pruned.state.name == "PRUNED" and list(pruned.intermediate_values) == [400]
+    checkpoints = sweep.dir / "trial-0000" / "checkpoints"
+    assert [int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*")] == [400]
 
 
 def trial_states(sweep_dir: Path) -> list[str]:
