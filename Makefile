@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-requirements
 
-.PHONY: venv ffmpeg train test test-all test-fast slurm-or-skip bench results play compare lint slurm-up slurm-down clean
+.PHONY: venv ffmpeg train sweep test test-all test-fast slurm-or-skip bench results play compare lint slurm-up slurm-down clean
 
 venv: $(INSTALLED)
 
@@ -21,6 +21,9 @@ ffmpeg: ## FFmpeg's libraries for MP4 videos (installs Debian's ffmpeg when miss
 
 train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
 	$(PY) train.py $(ARGS)
+
+sweep: venv ## A hyperparameter sweep: SWEEP=<sweep file> (again: continues it; ARGS="--summary")
+	$(PY) -m rl_app.sweep $(SWEEP) $(ARGS)
 
 # Test processes (pytest-xdist). `make test` runs two: the learning checks and the SLURM
 # tests one after the other in one, the rest beside them (tests/conftest.py); TEST_JOBS=0

@@ -23,6 +23,10 @@ class StopRequest:
     def requested(self) -> bool:
         return self.reason is not None
 
+    def request(self, reason: str) -> None:
+        """A stop asked for by the program itself (e.g. a sweep pruning the run)."""
+        self.reason = reason
+
     @contextmanager
     def installed(self) -> Iterator[StopRequest]:
         previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}

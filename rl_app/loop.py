@@ -19,7 +19,7 @@ import random
 import shutil
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +85,10 @@ from rl_app.video import record_evaluation_video
 log = logging.getLogger("rl_app")
 
 ERROR_LOG = "error.log"
+
+# Called after each evaluation's checkpoint with (frames, evaluation return); a reason it
+# returns stops the run there, as a stop request would (a sweep's pruner).
+EvalHook = Callable[[int, float], str | None]
 
 
 class RunFailed(Exception):
@@ -280,23 +284,24 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     )  # fmt: skip
 
 
-def train(config: Config, lock_wait_s: float = 0.0) -> TrainResult:
+def train(config: Config, lock_wait_s: float = 0.0, on_eval: EvalHook | None = None) -> TrainResult:
     """Train the run ``config`` describes, resuming it if its directory holds a checkpoint.
 
     The run directory is locked for the whole run, before anything in it is touched
     (:mod:`rl_app.runlock`); :class:`~rl_app.runlock.RunDirBusy` if another process holds
-    it for longer than ``lock_wait_s``."""
+    it for longer than ``lock_wait_s``. ``on_eval`` may stop the run after an evaluation
+    (:data:`EvalHook`)."""
     run_dir = Path(config.run_dir)
     estimate = check_fit(config)  # refuses, before anything exists, what cannot fit here
     try:
         with run_dir_lock(run_dir, lock_wait_s):
             log.info("%s", estimate)
-            return train_locked(config, run_dir)
+            return train_locked(config, run_dir, on_eval)
     except RunDirUnwritable as error:
         raise RunFailed(f"run_dir {run_dir} is not writable: {error}") from None
 
 
-def train_locked(config: Config, run_dir: Path) -> TrainResult:
+def train_locked(config: Config, run_dir: Path, on_eval: EvalHook | None) -> TrainResult:
     resume_from = find_resume_point(run_dir) if holds_checkpoint(run_dir) else None
     run = build_run(config, resuming=resume_from is not None)
     try:
@@ -314,7 +319,7 @@ def train_locked(config: Config, run_dir: Path) -> TrainResult:
             if run.progress.frames >= config.collector.total_frames:
                 log.info("the run already has its %d frames", config.collector.total_frames)
                 return summarize(run, stopped_by=None)
-        return run_iterations(run)
+        return run_iterations(run, on_eval)
     except RunFailed:
         raise
     except Exception as error:
@@ -350,7 +355,7 @@ def describe_failure(run: Run, error: Exception) -> str:
     )
 
 
-def run_iterations(run: Run) -> TrainResult:
+def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:
     """The training loop itself, one iteration per collected batch."""
     config, progress, algorithm, buffer, phases = (
         run.config, run.progress, run.algorithm, run.buffer, run.phases,
@@ -428,6 +433,9 @@ def run_iterations(run: Run) -> TrainResult:
             if EVAL_KEY in metrics:
                 with phases("saving a checkpoint"):
                     save_checkpoint(run, metrics[EVAL_KEY])
+                if on_eval is not None and (reason := on_eval(progress.frames, metrics[EVAL_KEY])):
+                    stop.request(reason)
+                    break
             if stopping:
                 break
     # A signal that came with the last iteration stopped nothing: the run is complete.

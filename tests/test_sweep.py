@@ -1,0 +1,151 @@
+"""Sweeps: the sweep file's checks, pruning at an iteration boundary, and a tiny real sweep
+whose worker is killed mid-trial and which a second run finishes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+import yaml
+
+from rl_app.config import load_config
+from rl_app.loop import train
+from rl_app.sweep import JOURNAL_FILE, claim_next, load_sweep, main, open_study, run_trial
+from tests.helpers import PYTHON, ROOT, TINY_RUN, wait_for
+
+# optim.batch_size=48: a multiple of every replay.slice_len in SPACE.
+TINY_DQN = [
+    *TINY_RUN, "algo=dqn", "env.name=CartPole-v1", "collector.total_frames=800",
+    "optim.batch_size=48",
+]  # fmt: skip
+SPACE = {
+    "optim.lr": {"low": 1e-4, "high": 1e-3, "log": True},
+    "optim.gamma": {"choices": [0.99, 0.995]},
+    "replay.slice_len": {"low": 4, "high": 16, "step": 4},
+    "dqn.target_update_interval": {"low": 1, "high": 20},
+}
+
+
+def write_sweep(tmp_path: Path, **changes: Any) -> Path:
+    tree = {
+        "preset": "dqn_cartpole",
+        "overrides": TINY_DQN,
+        "space": SPACE,
+        "trials": 2,
+        "sweep_dir": str(tmp_path / "sweep"),
+        **changes,
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump({k: v for k, v in tree.items() if v is not None}))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("changes", "named"),
+    [
+        ({"bogus": 1}, "unknown key 'bogus'"),
+        ({"trials": 0}, "trials=0 is out of range"),
+        ({"pruner": "mean"}, "pruner='mean' is not accepted: choose one of none, median"),
+        ({"space": None}, "space is missing"),
+        ({"space": {"optim.foo": {"low": 1, "high": 2}}}, "unknown key 'optim.foo'"),
+        ({"space": {"run_dir": {"choices": ["a", "b"]}}}, "unknown key 'run_dir'"),
+        ({"space": {"optim.lr": {"low": 1e-3, "high": 1e-4}}}, "must be below high"),
+        ({"space": {"optim.lmbda": {"low": 0.0, "high": 1.0, "log": True}}}, "log=true"),
+        ({"space": {"optim.gamma": {"low": 0.9, "high": 1.5}}}, "space.optim.gamma=1.5"),
+        ({"space": {"optim.lr": {"low": 1e-4, "high": 1e-3, "bins": 3}}}, "space.optim.lr="),
+        ({"space": {"replay.slice_len": {"low": 4, "high": 16, "step": 5}}}, "divide"),
+        ({"space": {"dqn.loss": {"choices": ["l2", "l3"]}}}, "choose one of l2, smooth_l1"),
+        ({"space": {"network.hidden_sizes": {"choices": [1, 2]}}}, "list setting"),
+        # 10 does not divide optim.batch_size=48: found before the sweep starts.
+        ({"space": {"replay.slice_len": {"choices": [8, 10]}}}, "space.replay.slice_len=10"),
+        ({"overrides": ["run_dir=x"]}, "the sweep sets run_dir"),
+    ],
+)
+def test_a_mistake_is_one_line_exit_2_and_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture, changes: dict[str, Any], named: str
+) -> None:
+    assert main([str(write_sweep(tmp_path, **changes))]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and named in error, error
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_a_sweep_dir_continues_only_its_own_sweep(tmp_path: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path))
+    sweep.dir.mkdir()
+    (sweep.dir / "sweep.yaml").write_text(write_sweep(tmp_path, trials=5).read_text())
+    load_sweep(write_sweep(tmp_path, trials=7, jobs=2))  # budget and workers may change
+    with pytest.raises(ValueError, match="holds another sweep"):
+        load_sweep(write_sweep(tmp_path, space={"optim.lr": {"low": 1e-4, "high": 1e-2}}))
+
+
+def test_a_stop_asked_after_an_evaluation_stops_at_that_boundary_with_a_checkpoint(
+    tmp_path: Path,
+) -> None:
+    config = load_config("dqn_cartpole", [*TINY_DQN, f"run_dir={tmp_path / 'run'}"])
+    seen = []
+
+    def prune_at_first(frames: int, eval_return: float) -> str | None:
+        seen.append(frames)
+        return "pruned"
+
+    result = train(config, on_eval=prune_at_first)
+    assert seen == [400] and result.frames == 400 and result.stopped_by == "pruned"
+    assert int(result.last_checkpoint.name.split("-")[1]) == 400
+
+
+def test_a_pruned_trial_stops_at_that_evaluation_with_a_checkpoint(tmp_path: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path))
+    sweep.dir.mkdir()
+    study = open_study(sweep)
+    study.pruner = optuna.pruners.ThresholdPruner(lower=1e9)  # prunes every return
+    trial, claim = claim_next(study, sweep)
+    try:
+        assert run_trial(study, trial, sweep) is None
+    finally:
+        claim.release()
+    pruned = study.get_trials()[0]
+    assert pruned.state.name == "PRUNED" and list(pruned.intermediate_values) == [400]
+    checkpoints = sweep.dir / "trial-0000" / "checkpoints"
+    assert [int(p.name.split("-")[1]) for p in checkpoints.glob("checkpoint-*")] == [400]
+
+
+def trial_states(sweep_dir: Path) -> list[str]:
+    sweep = load_sweep(sweep_dir / "sweep.yaml")
+    return [trial.state.name for trial in open_study(sweep).get_trials()]
+
+
+def test_a_killed_worker_s_trial_resumes_and_the_sweep_ends_with_its_trials(
+    tmp_path: Path,
+) -> None:
+    source = write_sweep(tmp_path, pruner="median", startup_trials=1)
+    sweep_dir = tmp_path / "sweep"
+    command = [PYTHON, "-m", "rl_app.sweep", str(source)]
+    worker = subprocess.Popen([*command, "--worker"], cwd=ROOT, stdout=subprocess.DEVNULL)
+    first = sweep_dir / "trial-0000" / "checkpoints"
+    wait_for("trial 0's first checkpoint", lambda: any(first.glob("checkpoint-*")), timeout=60)
+    os.kill(worker.pid, signal.SIGKILL)
+    worker.wait()
+    assert trial_states(sweep_dir) == ["RUNNING"]  # no heartbeat: the journal cannot tell
+
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    states = trial_states(sweep_dir)
+    assert len(states) == 2 and set(states) <= {"COMPLETE", "PRUNED"}, states
+    assert sorted(p.name for p in sweep_dir.glob("trial-*")) == ["trial-0000", "trial-0001"]
+    log = (sweep_dir / "logs" / "worker-0.log").read_text()
+    assert "resumed from" in log and "trial 0:" in log
+
+    for name in ("summary.md", "trials.csv", "history.png", "best.yaml", JOURNAL_FILE):
+        assert (sweep_dir / name).is_file(), name
+    best = load_config(str(sweep_dir / "best.yaml"), [f"run_dir={tmp_path / 'best'}"])
+    assert best.algo == "dqn" and best.collector.total_frames == 800
+    rows = (sweep_dir / "trials.csv").read_text().splitlines()
+    assert rows[0].split(",")[:2] == ["number", "state"] and len(rows) == 3
+    again = subprocess.run([*command, "--summary"], cwd=ROOT, capture_output=True, text=True)
+    assert again.returncode == 0 and "summary.md" in again.stdout
