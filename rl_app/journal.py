@@ -14,8 +14,9 @@ undo journal:
 - Restoring the checkpoint at F frames applies the journals of F and of every later
   checkpoint, newest record first: each slot gets back the value it held at F, and empty
   ones are zeroed, as they were. Reapplying after a crash during a restore gives the same.
-- A checkpoint thus costs the sampler's state (about 18 B per slot) and a journal of at
-  most one evaluation interval's data, never a copy of the buffer. The journals of the
+- A checkpoint thus costs the sampler's state (16 B per slot: the trees' leaves and the
+  slot generations) and a journal of at most one evaluation interval's data, never a copy
+  of the buffer. The journals of the
   ``checkpoint.keep_last`` newest checkpoints are kept: those are the ones a run resumes
   from (an older best checkpoint still plays).
 

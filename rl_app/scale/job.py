@@ -126,10 +126,13 @@ def show_run_log() -> None:
 
 def newest_checkpoint_frames(run_dir: Path) -> int:
     """Frames of the newest checkpoint, the one a resume starts from (0: a fresh start)."""
-    from rl_app.checkpointing import checkpoint_candidates  # torchrl: in the job only
+    from rl_app.checkpointing import (  # torchrl: in the job only
+        checkpoint_candidates,
+        checkpoint_frames,
+    )
 
     newest = checkpoint_candidates(run_dir / CHECKPOINTS_DIR)
-    return int(newest[0].name.split("-")[1]) if newest else 0
+    return checkpoint_frames(newest[0]) if newest else 0
 
 
 def job_id() -> str | None:
