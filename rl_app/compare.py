@@ -5,9 +5,9 @@ differ only by ``seed`` (and by bookkeeping: ``run_dir``, ``launcher``, ``thread
 ``logger.*``, ``slurm.*``), and writes ``compare.png`` (evaluation return against frames:
 each group's mean over seeds with a 95% bootstrap interval, one panel per environment) and
 ``compare.md`` (final and best evaluation return per group, mean ± std over seeds, seeds,
-frames, wall time). Groups are labelled by the settings that differ between them. A run
-directory that cannot be read is named and skipped.
-"""
+frames, wall time; in a goal env, also the final and best evaluation success rate).
+Groups are labelled by the settings that differ between them. A run directory that cannot
+be read is named and skipped."""
 
 from __future__ import annotations
 
@@ -29,7 +29,13 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from rl_app.config import CONFIG_FILE, Config, flatten
-from rl_app.logger import EVAL_KEY, METRICS_FILE, label_eval_axes, read_metrics
+from rl_app.logger import (
+    EVAL_KEY,
+    METRICS_FILE,
+    SUCCESS_RATE_KEY,
+    label_eval_axes,
+    read_metrics,
+)
 
 # Keys that do not make two runs different experiments.
 BOOKKEEPING_KEYS = ("seed", "run_dir", "launcher", "threads")
@@ -53,6 +59,12 @@ class RunRecord:
     def evals(self) -> dict[int, float]:
         return {row["frames"]: row[EVAL_KEY] for row in self.rows if EVAL_KEY in row}
 
+    @property
+    def success_rates(self) -> dict[int, float]:
+        """Evaluation success rate by frames: empty outside goal envs."""
+        rows = (row for row in self.rows if SUCCESS_RATE_KEY in row)
+        return {row["frames"]: row[SUCCESS_RATE_KEY] for row in rows}
+
 
 @dataclass
 class GroupSummary:
@@ -67,6 +79,9 @@ class GroupSummary:
     curve_mean: list[float] = field(default_factory=list)
     curve_low: list[float] = field(default_factory=list)
     curve_high: list[float] = field(default_factory=list)
+    # Goal envs only (empty elsewhere): each run's last and best evaluation success rate.
+    final_success_rates: list[float] = field(default_factory=list)
+    best_success_rates: list[float] = field(default_factory=list)
 
 
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -133,9 +148,10 @@ def bootstrap_interval(
 
 
 def summarize_group(label: str, runs: Sequence[RunRecord]) -> GroupSummary:
-    """Final and best evaluation returns, frames, wall time and the mean curve of a group
-    (over the evaluation points all its runs share)."""
+    """Final and best evaluation returns (and success rates in a goal env), frames, wall
+    time and the mean curve of a group (over the evaluation points all its runs share)."""
     evals = [run.evals for run in runs]
+    successes = [run.success_rates for run in runs if run.success_rates]
     shared = sorted(set.intersection(*(set(points) for points in evals)))
     curves = np.array([[points[frame] for frame in shared] for points in evals])
     low, high = bootstrap_interval(curves, np.random.default_rng(0))
@@ -151,26 +167,44 @@ def summarize_group(label: str, runs: Sequence[RunRecord]) -> GroupSummary:
         curve_mean=curves.mean(axis=0).tolist(),
         curve_low=low.tolist(),
         curve_high=high.tolist(),
+        final_success_rates=[points[max(points)] for points in successes],
+        best_success_rates=[max(points.values()) for points in successes],
     )
 
 
-def mean_std(values: Sequence[float]) -> str:
+def mean_std(values: Sequence[float], percent: bool = False) -> str:
+    """Mean ± std over seeds; ``percent`` shows rates (0 to 1) as percentages."""
+    scale, unit = (100, "%") if percent else (1, "")
+    values = [scale * value for value in values]
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.1f} ± {std:.1f}"
+    return f"{statistics.mean(values):.1f}{unit} ± {std:.1f}{unit}"
+
+
+def success_cell(rates: Sequence[float]) -> str:
+    return mean_std(rates, percent=True) if rates else "-"  # "-": not a goal env
 
 
 def markdown_table(summaries: Sequence[GroupSummary]) -> str:
+    """One row per group; success-rate columns when a group is in a goal env."""
+    goals = any(group.final_success_rates for group in summaries)
+    success_header = "final success (mean ± std) | best success (mean ± std) | " if goals else ""
     lines = [
         "| group | seeds | frames | final eval return (mean ± std) "
-        "| best eval return (mean ± std) | wall time per run |",
-        "| --- | --- | --- | --- | --- | --- |",
+        f"| best eval return (mean ± std) | {success_header}wall time per run |",
+        "| --- " * (8 if goals else 6) + "|",
     ]
     for group in summaries:
         wall = statistics.mean(group.wall_seconds) / 60
+        success = (
+            f"{success_cell(group.final_success_rates)} | "
+            f"{success_cell(group.best_success_rates)} | "
+            if goals
+            else ""
+        )
         lines.append(
             f"| `{group.label}` | {len(group.runs)} | {group.frames:,} | "
             f"{mean_std(group.final_eval_returns)} | {mean_std(group.best_eval_returns)} | "
-            f"{wall:.1f} min |"
+            f"{success}{wall:.1f} min |"
         )
     return "\n".join(lines) + "\n"
 

@@ -269,8 +269,8 @@ class ReplayConfig:
     her_ratio: float = setting(
         0.0,
         "hindsight experience replay: the fraction of each sampled batch whose goal is "
-        "replaced by one its episode achieved (0: off; a goal env, algo=dqn, one-step "
-        "transitions)",
+        "replaced by one its episode achieved (0: off; a goal env, algo=dqn; a slice takes one "
+        "goal for all its steps)",
         at_least=0, at_most=1,
     )  # fmt: skip
     her_strategy: str = setting(
@@ -876,13 +876,14 @@ def check_recurrent(config: Config) -> None:
 # its dict observation's entries, and the reward and termination of any goal.
 GOAL_KEYS = ("desired_goal", "achieved_goal", "observation")
 GOAL_FUNCTIONS = ("compute_reward", "compute_terminated")
-# The samplers whose batches are one-step transitions whatever replay.slice_len says.
-TRANSITION_SAMPLERS = ("prioritized", "uniform")
+# What hindsight relabelling can relabel: transitions and slices.
+HER_SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
 
 
 def check_hindsight(config: Config) -> None:
     """Hindsight relabelling (``replay.her_ratio``) needs a goal env, a network that reads
-    the goal (algo=dqn's MLP), one-step transitions, and episodes stored one after the other."""
+    the goal (algo=dqn's MLP), transitions or slices (not Sequence windows), and episodes
+    stored one after the other."""
     replay = config.replay
     if not replay.her_ratio:
         return
@@ -893,17 +894,12 @@ def check_hindsight(config: Config) -> None:
             f"{config.network.recurrent!r}: only algo=dqn's MLP reads the goal (set "
             "replay.her_ratio=0)"
         )
-    one_step = replay.sampler in TRANSITION_SAMPLERS or (
-        replay.sampler != "prioritized_sequence" and replay.slice_len == 1
-    )
-    if not one_step:
-        # TorchRL's HERReplayBuffer draws a goal per sampled step: along a slice, a multi-step
-        # target would add up rewards and bootstrap under goals that change from step to step.
+    if replay.sampler == "prioritized_sequence":
+        # A Sequence window (burn-in, padding) is not a slice of one goal's steps: its records
+        # would take goals one by one.
         raise ConfigError(
-            f"{her} needs one-step transitions: with replay.sampler={replay.sampler!r} and "
-            f"replay.slice_len={replay.slice_len} each step of a sequence would be relabelled "
-            "with a goal of its own, and a target over the sequence would mix goals; set "
-            f"replay.sampler to {' or '.join(TRANSITION_SAMPLERS)}, or replay.slice_len=1"
+            f"{her} is not accepted with replay.sampler='prioritized_sequence': relabelling "
+            f"takes transitions or slices; set replay.sampler to one of {', '.join(HER_SAMPLERS)}"
         )
     if config.collector.mode != "direct" or config.env.num_envs != 1:
         # Relabelling finds episodes by their done flags in storage order alone.

@@ -56,7 +56,7 @@ from rl_app.config import (
     holds_checkpoint,
     to_yaml,
 )
-from rl_app.envs import make_env
+from rl_app.envs import SUCCESS_KEY, make_env
 from rl_app.evaluation import evaluate
 from rl_app.fit import check_fit
 from rl_app.frames import extend_buffer, stack_frames
@@ -522,9 +522,9 @@ def iteration_metrics(
     progress: Progress,
     policy_version: int,
 ) -> dict[str, float]:
-    """Scalars of one iteration: mean update losses, the return of training episodes that
-    ended, counters, and how many weight pushes behind the learner the batch's stalest
-    frame was."""
+    """Scalars of one iteration: mean update losses, the return (and in a goal env the
+    success rate) of training episodes that ended, counters, and how many weight pushes
+    behind the learner the batch's stalest frame was."""
     metrics: dict[str, float] = {
         "iteration": progress.iterations,
         "updates": progress.updates,
@@ -542,4 +542,7 @@ def iteration_metrics(
     if episode_ends.any():
         returns = batch["next", "episode_reward"].reshape(-1)[episode_ends]
         metrics["train/episode_return"] = returns.mean().item()
+        if ("next", SUCCESS_KEY) in batch.keys(include_nested=True):
+            reached = batch["next", SUCCESS_KEY].reshape(-1)[episode_ends]
+            metrics["train/success_rate"] = reached.float().mean().item()
     return metrics

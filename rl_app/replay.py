@@ -120,7 +120,9 @@ def hindsight_buffer(replay: ReplayConfig, goal_env: gym.Env, parts: dict) -> Hi
     ``replay.her_ratio`` of each sampled batch takes as desired goal (and next desired goal)
     what its episode achieved after one of its steps, picked by ``replay.her_strategy``,
     with the reward ``goal_env`` gives for it; every sampled transition's ``terminated``
-    is recomputed for its goal (:class:`~rl_app.upstream.HindsightReplayBuffer`).
+    is recomputed for its goal (:class:`~rl_app.upstream.HindsightReplayBuffer`). From a
+    slice sampler, the share is one of slices, each relabelled with one goal: the one its
+    first step would get, so that a multi-step target along it is for one goal.
 
     TorchRL finds episodes in storage order: the steps of the one episode that wraps past
     the end of a full ring take goals from their own slot (future) or from the episode
@@ -132,6 +134,7 @@ def hindsight_buffer(replay: ReplayConfig, goal_env: gym.Env, parts: dict) -> Hi
         her_ratio=replay.her_ratio,
         strategy=replay.her_strategy,
         achieved_goal_key=NEXT_ACHIEVED_GOAL,
+        slice_len=replay.slice_len if samples_sequences(replay.sampler) else 1,
         **parts,
     )
 
@@ -230,6 +233,8 @@ def sample_batches(
         windows = sequence_windows(buffer.sample(anchors).reshape(anchors, -1))
         return list(windows.to(device).reshape(count, -1, windows.shape[1]).unbind(0))
     sample = buffer.sample(count * batch_size)
+    step_len = replay.slice_len if samples_sequences(replay.sampler) else 1
+    sample = sample.reshape(-1, step_len)  # a slice (or a transition) a row
     if replay.her_ratio:
         sample = dealt_out(sample, count)
     sample = (sample if complete is None else complete(sample)).to(device)
@@ -239,10 +244,10 @@ def sample_batches(
 
 
 def dealt_out(sample: TensorDictBase, count: int) -> TensorDictBase:
-    """``sample`` reordered so that, cut into ``count`` batches, each holds every
-    ``count``-th transition of it. Hindsight relabelling relabels the first
-    ``replay.her_ratio`` of a sample: each batch then gets that share of it."""
-    order = torch.arange(sample.numel()).reshape(-1, count).T.reshape(-1)
+    """``sample``'s rows (slices or transitions) reordered so that, cut into ``count``
+    batches, each holds every ``count``-th row of it. Hindsight relabelling relabels the
+    first ``replay.her_ratio`` of a sample: each batch then gets that share of it."""
+    order = torch.arange(sample.shape[0]).reshape(-1, count).T.reshape(-1)
     return sample[order]
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from rl_app.compare import FIGURE_FILE, TABLE_FILE, compare
 from rl_app.config import load_config, to_yaml
+from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
 from rl_app.loop import train
 from tests.helpers import PYTHON, ROOT
 
@@ -80,6 +81,29 @@ def test_seeds_of_two_settings_make_two_groups_labelled_by_the_setting(
         f"{statistics.stdev(best):.1f} | 1.5 min |"
     ) in table
     assert (tmp_path / "out" / FIGURE_FILE).read_bytes()[:8] == PNG
+
+
+def test_a_goal_env_group_shows_its_final_and_best_success_rates(
+    two_settings: list[Path], tiny_config, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "bitflip"
+    train(tiny_config(preset="dqn_bitflip", run_dir=run_dir))
+    rows = read_metrics(run_dir)
+    rates = [row[SUCCESS_RATE_KEY] for row in rows if SUCCESS_RATE_KEY in row]
+    # Training episodes report theirs too, in every iteration where some ended.
+    ended = [row for row in rows if "train/episode_return" in row]
+    assert ended and all(0 <= row["train/success_rate"] <= 1 for row in ended)
+
+    summaries, _ = compare([two_settings[0], run_dir], tmp_path / "out")
+    by_env = {group.env_name: group for group in summaries}
+    goals = by_env["rl_app.goal_envs:rl_app/BitFlip15-v0"]
+    assert goals.final_success_rates == [rates[-1]]
+    assert goals.best_success_rates == [max(rates)]
+    assert by_env["Pendulum-v1"].final_success_rates == []
+    table = (tmp_path / "out" / TABLE_FILE).read_text()
+    assert "| final success (mean ± std) | best success (mean ± std) |" in table
+    assert f"| {100 * rates[-1]:.1f}% ± 0.0% | {100 * max(rates):.1f}% ± 0.0% |" in table
+    assert "| - | - |" in table  # Pendulum's row: no success rate
 
 
 def test_a_run_made_before_a_setting_existed_groups_with_its_default(

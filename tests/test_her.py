@@ -19,7 +19,15 @@ from rl_app.envs import SUCCESS_KEY, make_env
 from rl_app.evaluation import evaluate, success_rate
 from rl_app.goal_envs import BIT_FLIP_IDS, BitFlippingEnv
 from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
-from rl_app.replay import NEXT_ACHIEVED_GOAL, TRAJECTORY_KEY, make_replay_buffer, sample_batches
+from rl_app.replay import (
+    NEXT_ACHIEVED_GOAL,
+    PRIORITY_KEY,
+    TRAJECTORY_KEY,
+    make_replay_buffer,
+    sample_batches,
+    slice_priorities,
+    write_priorities,
+)
 
 BIT_FLIP = f"rl_app.goal_envs:{BIT_FLIP_IDS[10]}"
 # The desired goal stored with every hand-built step: no step achieves it.
@@ -69,13 +77,12 @@ def episode(first: float, traj: int) -> TensorDict:
     )
 
 
-def relabelling_buffer(tmp_path: Path, strategy: str, her_ratio: float = 1.0):
+def relabelling_buffer(tmp_path: Path, strategy: str, her_ratio: float = 1.0, **sampling):
     """rl_app's buffer with two hand-built episodes (achieved goals 0-4 and 10-14), relabelled
     by bit flipping's reward and termination (a goal is reached where it equals the one
-    achieved after the action)."""
-    replay = ReplayConfig(
-        capacity=64, sampler="uniform", her_ratio=her_ratio, her_strategy=strategy
-    )
+    achieved after the action); uniform transitions unless ``sampling`` says otherwise."""
+    sampling = {"sampler": "uniform", **sampling}
+    replay = ReplayConfig(capacity=64, her_ratio=her_ratio, her_strategy=strategy, **sampling)
     buffer = make_replay_buffer(replay, tmp_path, seed=0, env=make_env(EnvConfig(name=BIT_FLIP), 0))
     buffer.extend(torch.cat([episode(0, traj=0), episode(10, traj=1)]))
     return replay, buffer
@@ -107,8 +114,10 @@ def test_goals_are_those_later_steps_achieved_after_their_actions_as_in_sb3(
     assert torch.equal(sample["next", "desired_goal"], sample["desired_goal"])
 
 
-def test_reward_and_termination_are_the_envs_for_the_new_goal(tmp_path: Path) -> None:
-    _, buffer = relabelling_buffer(tmp_path, "future")
+# A slice sampler's stored flags travel apart from the sampled data: recomputed all the same.
+@pytest.mark.parametrize("sampler", ["uniform", "slice"])
+def test_reward_and_termination_are_the_envs_for_the_new_goal(sampler: str, tmp_path: Path) -> None:
+    _, buffer = relabelling_buffer(tmp_path, "future", sampler=sampler, slice_len=1)
     sample = buffer.sample(512)
     reached = sample[NEXT_ACHIEVED_GOAL] == sample["desired_goal"]
     assert reached.any() and not reached.all()
@@ -161,9 +170,7 @@ def test_evaluation_reports_the_success_rate_of_a_goal_env_only(tiny_config) -> 
     [
         (["env.name=CartPole-v1"], "CartPole-v1 observes no 'desired_goal'"),
         ([f"env.name=tests.test_her:{NO_TERMINATION_ID}"], "offers no compute_terminated"),
-        (["replay.sampler=prioritized_slice", "replay.slice_len=4"], "needs one-step transitions"),
-        (["replay.sampler=slice", "replay.slice_len=2"], "needs one-step transitions"),
-        (["replay.sampler=prioritized_sequence", "replay.slice_len=1"], "one-step transitions"),
+        (["replay.sampler=prioritized_sequence"], "takes transitions or slices"),
         (["env.num_envs=2"], "collector.mode=direct with env.num_envs=1"),
         (["collector.mode=sync"], "collector.mode=direct with env.num_envs=1"),
         (["algo=sac", "env.name=rl_app.goal_envs:rl_app/PointReach-v0"], "only algo=dqn"),
@@ -183,8 +190,32 @@ def test_settings_hindsight_relabelling_cannot_serve_are_refused(
     assert why in str(refused.value)
 
 
-def test_one_step_slices_are_accepted() -> None:
-    config = load_config(
-        "dqn_bitflip", ["replay.sampler=prioritized_slice", "replay.slice_len=1", "run_dir=r"]
+def test_a_relabelled_slice_has_one_goal_and_its_priority_is_its_own_td_error(
+    tmp_path: Path,
+) -> None:
+    replay, buffer = relabelling_buffer(
+        tmp_path, "future", her_ratio=0.5, sampler="prioritized_slice", slice_len=2, alpha=1.0
     )
-    assert config.replay.her_ratio == 0.8
+    batches = sample_batches(buffer, replay, batch_size=16, count=4)
+    for batch in batches:
+        goals = batch["desired_goal"]
+        assert batch.shape == (8, 2) and (goals == goals[:, :1]).all()
+        assert int((goals[:, 0] != UNREACHED).sum()) == 4  # each update gets its share
+        # A goal its first step could take (future): achieved after it, in its episode.
+        relabelled = (goals != UNREACHED).squeeze(-1)[:, 0]
+        first = batch["achieved_goal"][relabelled, :1]
+        assert ((first < goals[relabelled]) & (goals[relabelled] <= 10 * (first // 10) + 4)).all()
+        reached = batch[NEXT_ACHIEVED_GOAL] == goals
+        assert torch.equal(batch["next", "reward"], reached.float() - 1)
+    # A slice is learned from with the goal it was drawn with, relabelled or not, and its
+    # priority is what that update found: R2D2's mix of its steps' TD errors.
+    batch = batches[0]
+    # One TD error per slot: a slice drawn twice gets the same priority both times.
+    td_errors = (batch["index"].reshape(8, 2) % 7 + 1).float() / 10
+    batch[PRIORITY_KEY] = td_errors.unsqueeze(-1)
+    write_priorities(buffer, batch)
+    starts = batch["index"].reshape(8, 2)[:, 0]
+    tree = buffer.sampler.state_dict()["_sum_tree"]
+    stored = torch.tensor([tree[int(start)] for start in starts])
+    expected = slice_priorities(td_errors)
+    torch.testing.assert_close(stored, expected, atol=1e-6, rtol=1e-4)

@@ -162,9 +162,17 @@ SMALL_BIT_FLIP = [
 ]
 
 
-def test_resume_with_hindsight_relabelling_matches_the_uninterrupted_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "sampling",
+    [[], ["replay.sampler=prioritized_slice", "replay.slice_len=4", "optim.target=nstep"]],
+    ids=["transitions", "prioritized-slices"],
+)
+def test_resume_with_hindsight_relabelling_matches_the_uninterrupted_run(
+    sampling: list[str], tmp_path: Path
+) -> None:
     def config(run_dir: Path, frames: int):
-        overrides = [*SMALL_BIT_FLIP, f"collector.total_frames={frames}", f"run_dir={run_dir}"]
+        overrides = [*SMALL_BIT_FLIP, *sampling, f"collector.total_frames={frames}"]
+        overrides.append(f"run_dir={run_dir}")
         return load_config("dqn_bitflip", overrides)
 
     alone = train_in_process(config(tmp_path / "a", 1200))

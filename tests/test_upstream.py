@@ -51,7 +51,7 @@ from rl_app.upstream import (
     without_tensorclass_memo_guards,
 )
 from tests import faulty_envs
-from tests.test_her_upstream import episode
+from tests.test_her_upstream import SLICE_LEN, UNREACHED, episode, slice_sampler
 
 
 def test_gym_wrapper_keeps_the_gymnasium_env_in_a_private_attribute() -> None:
@@ -352,3 +352,42 @@ def test_her_still_keeps_the_stored_terminated_flag() -> None:
         assert not torch.equal(reached(sample), stored)  # goals reached elsewhere too
         expected = stored if name == "torchrl" else reached(sample)
         assert torch.equal(sample["next", "terminated"], expected), name
+
+
+def test_her_still_draws_a_goal_per_step_of_a_slice() -> None:
+    def buffer(kind: type) -> HERReplayBuffer:
+        extra = {"slice_len": SLICE_LEN} if kind is HindsightReplayBuffer else {}
+        functions = (reached,) if kind is HindsightReplayBuffer else ()
+        made = kind(
+            lambda td: reached(td).float() - 1,
+            *functions,
+            her_ratio=0.75,
+            strategy="future",
+            achieved_goal_key=("next", "achieved_goal"),
+            storage=LazyTensorStorage(64),
+            sampler=slice_sampler(),
+            **extra,
+        )
+        made.extend(episode(0, 8, traj=0))  # achieved 1-8 after each action; 8 terminates
+        made.extend(episode(10, 8, traj=1))
+        return made
+
+    upstream = buffer(HERReplayBuffer).sample(64 * SLICE_LEN)["desired_goal"]
+    assert (upstream.reshape(-1, SLICE_LEN) != upstream.reshape(-1, SLICE_LEN)[:, :1]).any()
+
+    sample = buffer(HindsightReplayBuffer).sample(64 * SLICE_LEN).reshape(-1, SLICE_LEN)
+    relabelled, kept = sample[:48], sample[48:]  # the first 0.75 of the slices
+    goals = relabelled["desired_goal"]
+    assert (goals == goals[:, :1]).all() and (kept["desired_goal"] == UNREACHED).all()
+    # One of the goals its first step could take: achieved from that step to the end.
+    first, last = relabelled["achieved_goal"][:, :1], torch.where(goals < 10, 8.0, 18.0)
+    assert ((first < goals) & (goals <= last[:, :1])).all()
+    assert torch.equal(relabelled["next", "desired_goal"], goals)
+    # Reward and termination are each step's own for the slice's goal; a step that reaches
+    # it ends the sampled trajectory there, as do the slice's end and its episode's.
+    assert torch.equal(sample["next", "reward"], reached(sample).float() - 1)
+    assert torch.equal(sample["next", "terminated"], reached(sample))
+    slice_end = torch.zeros_like(reached(sample))
+    slice_end[:, -1] = True
+    assert torch.equal(sample["next", "done"], slice_end | reached(sample))
+    assert not reached(kept).any()

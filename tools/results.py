@@ -45,6 +45,14 @@ ENTRIES = {
             "collector.total_frames=100000",
         ],
     ),
+    "dqn_bitflip": ("dqn_bitflip", []),
+    # The same DQN without hindsight relabelling.
+    "dqn_bitflip_her_off": ("dqn_bitflip", ["replay.her_ratio=0"]),
+    # Relabelled prioritized slices of 4 steps (one goal each) with 4-step targets.
+    "dqn_bitflip_slices": (
+        "dqn_bitflip",
+        ["replay.sampler=prioritized_slice", "replay.slice_len=4", "optim.target=nstep"],
+    ),
 }
 SEEDS = (1, 2, 3, 4, 5)
 
