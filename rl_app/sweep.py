@@ -14,6 +14,8 @@ own key names, and how many trials to run::
     jobs: 2                # worker processes, each training one trial at a time
     pruner: median
     sweep_dir: runs/sweep-cartpole
+    launcher: slurm        # the workers are SLURM jobs (default local: processes here)
+    slurm: {profile: local, time_min: 120}   # train.py's slurm.* settings, but array
 
 Every trial is a normal run directory, ``<sweep_dir>/trial-NNNN``, trained by
 :func:`rl_app.loop.train`. The study is an Optuna journal file in the sweep directory (a
@@ -25,6 +27,12 @@ for as long as it trains it. The journal storage has no heartbeat: a killed work
 stays RUNNING, and its claim is what tells. The next worker to start takes over every
 RUNNING trial whose claim no live process holds, with the same settings: its run directory
 resumes from its newest checkpoint, so no trial is lost and none is counted twice.
+
+With ``launcher: slurm`` the command checks the ``slurm:`` settings against the cluster,
+submits ``jobs`` worker jobs (:class:`rl_app.scale.job.WorkerJob`, each running
+:func:`work_trials`) and returns, as ``train.py launcher=slurm`` does. A USR2 stops a
+worker's trial at an iteration boundary with a checkpoint and requeues the job, which
+resumes the trial; the worker that finds nothing left writes the summary.
 """
 
 from __future__ import annotations
@@ -32,17 +40,18 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import functools
 import json
 import logging
 import signal
 import subprocess
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from filelock import FileLock
@@ -58,6 +67,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from rl_app.config import (
     DEFAULT_PRESET,
     ConfigError,
+    SlurmConfig,
     check_declared,
     conform,
     conform_value,
@@ -70,10 +80,14 @@ from rl_app.config import (
 )
 from rl_app.runlock import RunDirBusy, acquire
 
+if TYPE_CHECKING:  # torch and TorchRL: imported in workers only
+    from rl_app.loop import TrainResult
+
 # Inside a sweep directory:
 SWEEP_FILE = "sweep.yaml"  # the sweep file it was started from
 JOURNAL_FILE = "study.journal"  # Optuna's journal of every trial
 CLAIM_LOCK = ".claim.lock"  # held while a worker picks its next trial
+SUMMARY_LOCK = ".summary.lock"  # held while a worker job writes the summary
 CLAIMS_DIR = "claims"  # claims/<number>/.lock: held by the worker training that trial
 LOGS_DIR = "logs"  # one log per worker process
 STUDY_NAME = "sweep"
@@ -111,8 +125,15 @@ class SweepSettings:
     warmup_frames: int = setting(
         0, "median pruner: frames a trial trains before it may be pruned", at_least=0
     )
-    launcher: str = setting("local", "local: worker processes on this machine", choices=("local",))
+    launcher: str = setting(
+        "local",
+        "local: worker processes here | slurm: worker jobs on SLURM (submitted, then the "
+        "command returns)",
+        choices=("local", "slurm"),
+    )
     sweep_dir: str | None = setting(None, "where the study and trials go (runs/sweep-<file>)")
+    # The worker jobs' settings (launcher: slurm), also every trial's slurm.* settings.
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
 
 
 @dataclass(frozen=True)
@@ -129,8 +150,18 @@ class Sweep:
 
     def definition(self) -> dict[str, Any]:
         """What makes two sweeps the same study (their budget and workers aside)."""
-        kept = dataclasses.replace(self.settings, trials=0, jobs=0, sweep_dir=None)
-        return {"settings": kept, "overrides": self.overrides, "space": self.space}
+        return {
+            "settings": kept_settings(self.settings),
+            "overrides": self.overrides,
+            "space": self.space,
+        }
+
+
+def kept_settings(settings: SweepSettings) -> SweepSettings:
+    """The settings that make the study: not its budget, nor where its trials run."""
+    return dataclasses.replace(
+        settings, trials=0, jobs=0, sweep_dir=None, launcher="", slurm=SlurmConfig()
+    )
 
 
 # -- the sweep file --------------------------------------------------------------------------
@@ -159,9 +190,18 @@ def load_sweep(path: Path) -> Sweep:
 
 def read_settings(tree: dict[str, Any]) -> SweepSettings:
     own = {key: value for key, value in tree.items() if key not in ("overrides", "space")}
-    settings = SweepSettings(**conform(own, SweepSettings, ""))
+    conformed = conform(own, SweepSettings, "")
+    settings = SweepSettings(**{**conformed, "slurm": SlurmConfig(**conformed.get("slurm", {}))})
     for key, _, declared in settings_of(SweepSettings):
-        check_declared(key, getattr(settings, key), declared)
+        value = settings
+        for part in key.split("."):
+            value = getattr(value, part)
+        check_declared(key, value, declared)
+    if settings.slurm.array is not None:
+        raise ConfigError(
+            f"slurm.array={settings.slurm.array!r} is not accepted in a sweep file: "
+            "jobs sets how many worker jobs run"
+        )
     return settings
 
 
@@ -269,29 +309,31 @@ def checked_values(dist: BaseDistribution) -> list[Any]:
 def check_trial_configs(sweep: Sweep) -> None:
     """The preset with the overrides, and with each checked value of each dimension, must
     make a valid config: a mistake is found now, not in the middle of the sweep."""
-    load_config(sweep.settings.preset, sweep.overrides)
+    fixed = fixed_overrides(sweep)
+    load_config(sweep.settings.preset, fixed)
     for key, dist in sweep.space.items():
         for value in checked_values(dist):
             try:
-                load_config(sweep.settings.preset, [*sweep.overrides, override(key, value)])
+                load_config(sweep.settings.preset, [*fixed, override(key, value)])
             except ConfigError as error:
                 raise ConfigError(f"space.{key}={value!r} makes no valid run: {error}") from None
 
 
 def refuse_other_sweep(sweep: Sweep) -> None:
-    """A sweep directory continues the sweep it was started with; only ``trials`` and
-    ``jobs`` may change."""
+    """A sweep directory continues the sweep it was started with; only ``trials``,
+    ``jobs``, ``launcher`` and ``slurm`` may change."""
     saved = sweep.dir / SWEEP_FILE
     if saved.is_file() and saved_definition(saved) != sweep.definition():
         raise ConfigError(
-            f"sweep_dir={str(sweep.dir)!r} holds another sweep ({saved}): only trials and jobs "
-            "may change when continuing it; give another sweep_dir for a new one"
+            f"sweep_dir={str(sweep.dir)!r} holds another sweep ({saved}): only trials, jobs, "
+            "launcher and slurm may change when continuing it; give another sweep_dir for a "
+            "new one"
         )
 
 
 def saved_definition(saved: Path) -> dict[str, Any]:
     tree = read_yaml(saved)
-    kept = dataclasses.replace(read_settings(tree), trials=0, jobs=0, sweep_dir=None)
+    kept = kept_settings(read_settings(tree))
     overrides = read_overrides(tree.get("overrides", []))
     return {"settings": kept, "overrides": overrides, "space": read_space(tree.get("space"))}
 
@@ -299,6 +341,13 @@ def saved_definition(saved: Path) -> dict[str, Any]:
 def override(key: str, value: Any) -> str:
     """``key=value`` as train.py takes it (JSON is YAML: numbers, text and booleans)."""
     return f"{key}={json.dumps(value)}"
+
+
+def fixed_overrides(sweep: Sweep) -> list[str]:
+    """What every trial overrides: the sweep's ``overrides`` and its ``slurm:`` settings
+    (those given), which collection jobs of ``collector.mode=distributed`` use."""
+    slurm = {k: v for k, v in dataclasses.asdict(sweep.settings.slurm).items() if v is not None}
+    return [*sweep.overrides, *(override(f"slurm.{k}", v) for k, v in slurm.items())]
 
 
 # -- the study -------------------------------------------------------------------------------
@@ -372,13 +421,21 @@ def trial_config(sweep: Sweep, trial: Trial) -> Any:
     """The trial's run config: the preset, the overrides, its sampled settings."""
     settings = [override(key, value) for key, value in trial.params.items()]
     run_dir = trial_dir(sweep, trial.number)
-    return load_config(sweep.settings.preset, [*sweep.overrides, *settings, f"run_dir={run_dir}"])
+    return load_config(
+        sweep.settings.preset, [*fixed_overrides(sweep), *settings, f"run_dir={run_dir}"]
+    )
 
 
-def run_trial(study: optuna.Study, trial: Trial, sweep: Sweep) -> str | None:
-    """Train one trial and tell the study how it ended; returns the signal that stopped it
-    early (the trial stays RUNNING, to resume), or None."""
-    from rl_app.loop import RunFailed, train  # torch and TorchRL: in workers only
+# How a worker trains a trial: train(config, on_eval=...) here, or as a SLURM job's attempt.
+TrainTrial = Callable[..., "TrainResult"]
+
+
+def run_trial(
+    study: optuna.Study, trial: Trial, sweep: Sweep, train: TrainTrial | None = None
+) -> TrainResult | None:
+    """Train one trial and tell the study how it ended; returns the result of a trial a
+    signal stopped early (it stays RUNNING, to resume), or None."""
+    from rl_app import loop  # torch and TorchRL: in workers only
 
     def report(frames: int, eval_return: float) -> str | None:
         trial.report(eval_return, step=frames)
@@ -386,8 +443,8 @@ def run_trial(study: optuna.Study, trial: Trial, sweep: Sweep) -> str | None:
 
     print(f"trial {trial.number}: {trial.params}", flush=True)
     try:
-        result = train(trial_config(sweep, trial), on_eval=report)
-    except (ConfigError, RunFailed) as error:
+        result = (train or loop.train)(trial_config(sweep, trial), on_eval=report)
+    except (ConfigError, loop.RunFailed) as error:
         trial.set_user_attr("error", str(error))
         study.tell(trial, state=TrialState.FAIL)
         print(f"trial {trial.number} failed: {error}", flush=True)
@@ -395,7 +452,7 @@ def run_trial(study: optuna.Study, trial: Trial, sweep: Sweep) -> str | None:
     if result.stopped_by == "pruned":
         study.tell(trial, state=TrialState.PRUNED)
     elif result.stopped_by is not None:
-        return result.stopped_by
+        return result
     else:
         objective = {"last": result.last_eval_reward, "best": result.best_eval_reward}
         study.tell(trial, objective[sweep.settings.objective])
@@ -404,20 +461,39 @@ def run_trial(study: optuna.Study, trial: Trial, sweep: Sweep) -> str | None:
 
 
 def work(sweep: Sweep, source: Path) -> int:
-    """One worker: trains trial after trial until the study has its ``trials``."""
+    """One worker process (``--worker``)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     prepare_sweep_dir(sweep, source)
+    print(work_trials(sweep))
+    return 0
+
+
+NOTHING_LEFT = "no trial left"
+
+
+def work_trials(sweep: Sweep, train: TrainTrial | None = None) -> str:
+    """Train trial after trial until the study has its ``trials``, or until a signal stops
+    one (it stays RUNNING and resumes later); says which."""
     study = open_study(sweep)
     while (claimed := claim_next(study, sweep)) is not None:
         trial, claim = claimed
         try:
-            stopped_by = run_trial(study, trial, sweep)
+            stopped = run_trial(study, trial, sweep, train)
         finally:
             claim.release()
-        if stopped_by is not None:
-            print(f"stopped by {stopped_by}: trial {trial.number} resumes on the next run")
-            return 0
-    return 0
+        if stopped is not None:
+            return f"stopped by {stopped.stopped_by}: trial {trial.number} resumes on the next run"
+    return NOTHING_LEFT
+
+
+def work_in_job(sweep: Sweep, train: TrainTrial) -> str:
+    """A SLURM worker job's work: :func:`work_trials`, then the summary once no trial is
+    left (the last worker to end writes the final one)."""
+    outcome = work_trials(sweep, train)
+    if outcome == NOTHING_LEFT:
+        with FileLock(sweep.dir / SUMMARY_LOCK):
+            print(f"summary: {write_summary(sweep)}", flush=True)
+    return outcome
 
 
 def start_workers(sweep: Sweep, source: Path) -> list[tuple[subprocess.Popen, Path]]:
@@ -450,6 +526,43 @@ def run_sweep(sweep: Sweep, source: Path) -> int:
             file=sys.stderr,
         )
     return 1 if failed else 0
+
+
+def submit_to_slurm(sweep: Sweep, source: Path) -> int:
+    """``launcher: slurm``: check the worker jobs' settings against the cluster, then submit
+    ``jobs`` worker jobs (one job array) and return once they are queued."""
+    from rl_app.scale.cluster import JOB_DIR, check_cluster, check_collection_jobs, job_settings
+    from rl_app.scale.job import WorkerJob
+    from rl_app.scale.launch import submit_jobs
+
+    settings = job_settings(sweep.settings.slurm)
+    check_cluster(settings)
+    check_collection_jobs(load_config(sweep.settings.preset, fixed_overrides(sweep)))
+    prepare_sweep_dir(sweep, source)
+    # A job may start in another directory: it gets absolute paths.
+    placed = dataclasses.replace(
+        sweep, settings=dataclasses.replace(sweep.settings, sweep_dir=str(sweep.dir.resolve()))
+    )
+    worker = WorkerJob(
+        functools.partial(work_in_job, placed),
+        record_dir=placed.dir,
+        max_requeues=settings.max_requeues,
+        resume_hint=f"run the sweep again to resume it: python -m rl_app.sweep {source}",
+    )
+    jobs = submit_jobs(
+        placed.dir / JOB_DIR, settings, f"rl_app-{sweep.dir.name}", [worker] * sweep.settings.jobs
+    )
+    print(f"sweep {sweep.dir}: {len(jobs)} worker job(s)")
+    for job in jobs:
+        print(
+            f"submitted worker job {job.job_id}\n  logs: {job.paths.stdout}\n"
+            f"        {job.paths.stderr}"
+        )
+    print(
+        "watch with: squeue --me; a preempted worker is requeued and resumes its trial; the "
+        f"last worker writes the summary (any time: python -m rl_app.sweep {source} --summary)"
+    )
+    return 0
 
 
 @contextmanager
@@ -599,6 +712,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.worker:
         return work(sweep, args.sweep_file)
+    if sweep.settings.launcher == "slurm":
+        try:
+            return submit_to_slurm(sweep, args.sweep_file)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     return run_sweep(sweep, args.sweep_file)
 
 

@@ -4,6 +4,7 @@ whose worker is killed mid-trial and which a second run finishes."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 import yaml
 
 from rl_app.config import load_config
+from rl_app.logger import read_metrics
 from rl_app.loop import train
 from rl_app.sweep import JOURNAL_FILE, claim_next, load_sweep, main, open_study, run_trial
 from tests.helpers import PYTHON, ROOT, TINY_RUN, wait_for
@@ -64,6 +66,13 @@ def write_sweep(tmp_path: Path, **changes: Any) -> Path:
         # 10 does not divide optim.batch_size=48: found before the sweep starts.
         ({"space": {"replay.slice_len": {"choices": [8, 10]}}}, "space.replay.slice_len=10"),
         ({"overrides": ["run_dir=x"]}, "the sweep sets run_dir"),
+        ({"launcher": "pbs"}, "launcher='pbs' is not accepted: choose one of local, slurm"),
+        ({"slurm": {"bogus": 1}}, "unknown key 'slurm.bogus'"),
+        ({"slurm": {"array": "seed=1,2"}}, "jobs sets how many worker jobs run"),
+        ({"slurm": {"time_min": "long"}}, "slurm.time_min='long' is not accepted"),
+        # Checked before the cluster is asked anything (tests/test_sweep_slurm.py asks it).
+        ({"launcher": "slurm", "slurm": {"profile": "nope"}}, "accepted profiles are"),
+        ({"launcher": "slurm", "slurm": {"time_min": 1}}, "slurm.signal_delay_s=60 (slurm"),
     ],
 )
 def test_a_mistake_is_one_line_exit_2_and_creates_nothing(
@@ -79,7 +88,8 @@ def test_a_sweep_dir_continues_only_its_own_sweep(tmp_path: Path) -> None:
     sweep = load_sweep(write_sweep(tmp_path))
     sweep.dir.mkdir()
     (sweep.dir / "sweep.yaml").write_text(write_sweep(tmp_path, trials=5).read_text())
-    load_sweep(write_sweep(tmp_path, trials=7, jobs=2))  # budget and workers may change
+    # Budget and workers may change, and where they run.
+    load_sweep(write_sweep(tmp_path, trials=7, jobs=2, launcher="slurm", slurm={"time_min": 30}))
     with pytest.raises(ValueError, match="holds another sweep"):
         load_sweep(write_sweep(tmp_path, space={"optim.lr": {"low": 1e-4, "high": 1e-2}}))
 
@@ -99,8 +109,11 @@ def test_a_stop_asked_after_an_evaluation_stops_at_that_boundary_with_a_checkpoi
     assert int(result.last_checkpoint.name.split("-")[1]) == 400
 
 
-def test_a_pruned_trial_stops_at_that_evaluation_with_a_checkpoint(tmp_path: Path) -> None:
-    sweep = load_sweep(write_sweep(tmp_path))
+@pytest.mark.parametrize("objective", ["last", "best"])
+def test_a_pruned_trial_stops_at_that_evaluation_with_a_checkpoint(
+    tmp_path: Path, objective: str
+) -> None:
+    sweep = load_sweep(write_sweep(tmp_path, objective=objective))
     sweep.dir.mkdir()
     study = open_study(sweep)
     study.pruner = optuna.pruners.ThresholdPruner(lower=1e9)  # prunes every return
@@ -120,10 +133,10 @@ def trial_states(sweep_dir: Path) -> list[str]:
     return [trial.state.name for trial in open_study(sweep).get_trials()]
 
 
-def test_a_killed_worker_s_trial_resumes_and_the_sweep_ends_with_its_trials(
+def test_a_killed_worker_s_trial_resumes_and_two_workers_end_the_sweep_with_its_trials(
     tmp_path: Path,
 ) -> None:
-    source = write_sweep(tmp_path, pruner="median", startup_trials=1)
+    source = write_sweep(tmp_path, pruner="median", startup_trials=1, jobs=2)
     sweep_dir = tmp_path / "sweep"
     command = [PYTHON, "-m", "rl_app.sweep", str(source)]
     worker = subprocess.Popen([*command, "--worker"], cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -135,11 +148,17 @@ def test_a_killed_worker_s_trial_resumes_and_the_sweep_ends_with_its_trials(
 
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert "2 worker(s)" in done.stdout
     states = trial_states(sweep_dir)
     assert len(states) == 2 and set(states) <= {"COMPLETE", "PRUNED"}, states
     assert sorted(p.name for p in sweep_dir.glob("trial-*")) == ["trial-0000", "trial-0001"]
-    log = (sweep_dir / "logs" / "worker-0.log").read_text()
-    assert "resumed from" in log and "trial 0:" in log
+    # Both workers ran to the end; each trial ended once, trial 0 resumed, not restarted.
+    logs = [(sweep_dir / "logs" / f"worker-{n}.log").read_text() for n in range(2)]
+    assert all(log.rstrip().endswith("no trial left") for log in logs)
+    ended = [re.findall(r"^trial (\d+): (?:COMPLETE|PRUNED)$", log, re.MULTILINE) for log in logs]
+    assert sorted(number for numbers in ended for number in numbers) == ["0", "1"]
+    assert any("resumed from" in log and "trial 0:" in log for log in logs)
+    assert [row["frames"] for row in read_metrics(sweep_dir / "trial-0000")] == [200, 400, 600, 800]
 
     for name in ("summary.md", "trials.csv", "history.png", "best.yaml", JOURNAL_FILE):
         assert (sweep_dir / name).is_file(), name

@@ -3,10 +3,13 @@
 - :mod:`rl_app.scale.workers`: collection in worker processes (``collector.mode=sync|async``);
 - :mod:`rl_app.scale.distributed`: collection jobs on SLURM (``collector.mode=distributed``);
 - :mod:`rl_app.scale.cluster`: SLURM job settings, profiles and the submitit executor;
-- :mod:`rl_app.scale.job`: what a SLURM training job runs (requeue on preemption);
-- :mod:`rl_app.scale.launch`: submitting a run or a job array (``launcher=slurm``).
+- :mod:`rl_app.scale.job`: what a SLURM job runs, a run or a sweep's worker (requeue on
+  preemption);
+- :mod:`rl_app.scale.launch`: submitting a run, a job array (``launcher=slurm``) or a
+  sweep's workers.
 
 The core (``rl_app/*.py``, ``rl_app/algorithms``) never imports these modules, except
 :func:`rl_app.collection.make_collector`, which hands the modes it does not run itself to
-the two collection backends. A direct-mode run loads none of them.
+the two collection backends, and :func:`rl_app.sweep.submit_to_slurm`, which submits a
+sweep's workers (``launcher: slurm``). A direct-mode run loads none of them.
 """

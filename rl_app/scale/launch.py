@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import submitit
 
@@ -18,6 +20,7 @@ from rl_app.config import CONFIG_FILE, Config, ConfigError, load_config, to_yaml
 from rl_app.runlock import check_run_dir_free
 from rl_app.scale.cluster import (
     JOB_DIR,
+    JobSettings,
     check_cluster,
     check_collection_jobs,
     job_settings,
@@ -95,13 +98,12 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
         Path(task.run_dir).mkdir(parents=True, exist_ok=True)
         (Path(task.run_dir) / CONFIG_FILE).write_text(to_yaml(task))
 
-    executor = make_executor(folder, settings, name=f"rl_app-{Path(config.run_dir).name}")
-    try:
-        with executor.batch():  # several submissions in a batch make one job array
-            jobs = [executor.submit(TrainJob(task, settings.max_requeues)) for _, task in tasks]
-    except submitit.core.utils.FailedJobError as error:
-        reason = str(error).strip().splitlines()[-1].removeprefix("sbatch: error: ")
-        raise ConfigError(f"sbatch refused the job: {reason}") from None
+    jobs = submit_jobs(
+        folder,
+        settings,
+        f"rl_app-{Path(config.run_dir).name}",
+        [TrainJob(task, settings.max_requeues) for _, task in tasks],
+    )
     submitted = [
         SubmittedJob(job.job_id, Path(task.run_dir), job.paths.stdout, job.paths.stderr, label)
         for job, (label, task) in zip(jobs, tasks, strict=True)
@@ -109,6 +111,21 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
     if config.slurm.array is not None:
         write_array_summary(Path(config.run_dir).resolve() / ARRAY_SUMMARY, submitted)
     return submitted
+
+
+def submit_jobs(
+    folder: Path, settings: JobSettings, name: str, callables: list[Callable[[], Any]]
+) -> list[submitit.Job]:
+    """One job array, a task per callable, each asking for ``settings``; submitit's files
+    go to ``folder``. sbatch's refusal is a :class:`ConfigError`."""
+    executor = make_executor(folder, settings, name=name)
+    try:
+        with executor.batch():  # several submissions in a batch make one job array
+            jobs = [executor.submit(callable_) for callable_ in callables]
+    except submitit.core.utils.FailedJobError as error:
+        reason = str(error).strip().splitlines()[-1].removeprefix("sbatch: error: ")
+        raise ConfigError(f"sbatch refused the job: {reason}") from None
+    return jobs
 
 
 def write_array_summary(path: Path, jobs: list[SubmittedJob]) -> None:
