@@ -269,8 +269,8 @@ class ReplayConfig:
     her_ratio: float = setting(
         0.0,
         "hindsight experience replay: the fraction of each sampled batch whose goal is "
-        "replaced by one its episode achieved (0: off; a goal env, algo=dqn, one-step "
-        "transitions)",
+        "replaced by one its episode achieved (0: off; a goal env, algo=dqn or sac with an "
+        "MLP, one-step transitions)",
         at_least=0, at_most=1,
     )  # fmt: skip
     her_strategy: str = setting(
@@ -876,22 +876,25 @@ def check_recurrent(config: Config) -> None:
 # its dict observation's entries, and the reward and termination of any goal.
 GOAL_KEYS = ("desired_goal", "achieved_goal", "observation")
 GOAL_FUNCTIONS = ("compute_reward", "compute_terminated")
+# The algorithms whose networks read the desired goal (their MLPs: not a recurrent DQN).
+GOAL_ALGORITHMS = ("dqn", "sac")
 # The samplers whose batches are one-step transitions whatever replay.slice_len says.
 TRANSITION_SAMPLERS = ("prioritized", "uniform")
 
 
 def check_hindsight(config: Config) -> None:
-    """Hindsight relabelling (``replay.her_ratio``) needs a goal env, a network that reads
-    the goal (algo=dqn's MLP), one-step transitions, and episodes stored one after the other."""
+    """Hindsight relabelling (``replay.her_ratio``) needs a goal env, networks that read the
+    goal (the MLPs of :data:`GOAL_ALGORITHMS`), one-step transitions, and episodes stored
+    one after the other."""
     replay = config.replay
     if not replay.her_ratio:
         return
     her = f"replay.her_ratio={replay.her_ratio}"
-    if config.algo != "dqn" or config.network.recurrent != "none":
+    if config.algo not in GOAL_ALGORITHMS or config.network.recurrent != "none":
         raise ConfigError(
             f"{her} is not accepted with algo={config.algo!r} and network.recurrent="
-            f"{config.network.recurrent!r}: only algo=dqn's MLP reads the goal (set "
-            "replay.her_ratio=0)"
+            f"{config.network.recurrent!r}: only the MLPs of algo="
+            f"{' and algo='.join(GOAL_ALGORITHMS)} read the goal (set replay.her_ratio=0)"
         )
     one_step = replay.sampler in TRANSITION_SAMPLERS or (
         replay.sampler != "prioritized_sequence" and replay.slice_len == 1
