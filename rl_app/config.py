@@ -269,8 +269,8 @@ class ReplayConfig:
     her_ratio: float = setting(
         0.0,
         "hindsight experience replay: the fraction of each sampled batch whose goal is "
-        "replaced by one its episode achieved (0: off; a goal env, algo=dqn; a slice takes one "
-        "goal for all its steps)",
+        "replaced by one its episode achieved (0: off; a goal env, algo=dqn or sac with an "
+        "MLP; a slice takes one goal for all its steps)",
         at_least=0, at_most=1,
     )  # fmt: skip
     her_strategy: str = setting(
@@ -876,23 +876,25 @@ def check_recurrent(config: Config) -> None:
 # its dict observation's entries, and the reward and termination of any goal.
 GOAL_KEYS = ("desired_goal", "achieved_goal", "observation")
 GOAL_FUNCTIONS = ("compute_reward", "compute_terminated")
+# The algorithms whose networks read the desired goal (their MLPs: not a recurrent DQN).
+GOAL_ALGORITHMS = ("dqn", "sac")
 # What hindsight relabelling can relabel: transitions and slices.
 HER_SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
 
 
 def check_hindsight(config: Config) -> None:
-    """Hindsight relabelling (``replay.her_ratio``) needs a goal env, a network that reads
-    the goal (algo=dqn's MLP), transitions or slices (not Sequence windows), and episodes
-    stored one after the other."""
+    """Hindsight relabelling (``replay.her_ratio``) needs a goal env, networks that read the
+    goal (the MLPs of :data:`GOAL_ALGORITHMS`), transitions or slices (not Sequence
+    windows), and episodes stored one after the other."""
     replay = config.replay
     if not replay.her_ratio:
         return
     her = f"replay.her_ratio={replay.her_ratio}"
-    if config.algo != "dqn" or config.network.recurrent != "none":
+    if config.algo not in GOAL_ALGORITHMS or config.network.recurrent != "none":
         raise ConfigError(
             f"{her} is not accepted with algo={config.algo!r} and network.recurrent="
-            f"{config.network.recurrent!r}: only algo=dqn's MLP reads the goal (set "
-            "replay.her_ratio=0)"
+            f"{config.network.recurrent!r}: only the MLPs of algo="
+            f"{' and algo='.join(GOAL_ALGORITHMS)} read the goal (set replay.her_ratio=0)"
         )
     if replay.sampler == "prioritized_sequence":
         # A Sequence window (burn-in, padding) is not a slice of one goal's steps: its records

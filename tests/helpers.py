@@ -17,9 +17,12 @@ from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
+from rl_app.checkpointing import choose_checkpoint
 from rl_app.collection import WeightSync
-from rl_app.config import EnvConfig
+from rl_app.config import Config, EnvConfig
 from rl_app.envs import make_env
+from rl_app.logger import read_metrics
+from rl_app.loop import Run, build_run, run_iterations
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_PY = ROOT / "train.py"
@@ -201,3 +204,53 @@ def run_files(run_dir: Path) -> dict[str, tuple[int, int]]:
         for path in run_dir.rglob("*")
         if path.is_file() and not path.name.startswith(".lock")
     }
+
+
+# -- runs trained in this process, to compare an interrupted and resumed run with one
+# trained without a stop ----------------------------------------------------------------
+
+
+def final_state(run: Run) -> dict[str, torch.Tensor]:
+    """Every tensor a resume restores of the algorithm (networks, optimizer, exploration)."""
+    state = {}
+    for name, component in run.algorithm.checkpoint_components().items():
+        for key, value in component.state_dict().items():
+            if isinstance(value, torch.Tensor):
+                state[f"{name}.{key}"] = value.clone()
+    return state
+
+
+def train_in_process(config: Config) -> tuple[dict, TensorDict, list[dict]]:
+    """Train ``config``'s run to its end: its final state, replay buffer and metrics."""
+    run = build_run(config)
+    try:
+        run_iterations(run)
+        return final_state(run), run.buffer[:].clone(), read_metrics(run.run_dir)
+    finally:
+        run.close()
+
+
+def strip_wall_time(row: dict) -> dict:
+    return {key: value for key, value in row.items() if key != "wall_seconds"}
+
+
+def resume_in_process(config: Config) -> tuple[dict, TensorDict, list[dict]]:
+    """Resume ``config``'s run from its newest checkpoint and train it to its end."""
+    run = build_run(config, resuming=True)
+    try:
+        run.checkpoints.load(choose_checkpoint(Path(config.run_dir) / "checkpoints")[0])
+        run.logger.rewind(run.progress.frames)
+        run_iterations(run)
+        return final_state(run), run.buffer[:].clone(), read_metrics(run.run_dir)
+    finally:
+        run.close()
+
+
+def assert_same_run(alone: tuple, resumed: tuple) -> None:
+    """The same parameters, replay buffer and metrics (wall time aside)."""
+    for key in alone[0]:
+        assert torch.equal(alone[0][key], resumed[0][key]), key
+    assert (alone[1] == resumed[1]).all()
+    assert [strip_wall_time(row) for row in alone[2]] == [
+        strip_wall_time(row) for row in resumed[2]
+    ]

@@ -1,9 +1,9 @@
 """Learning checks: the shipped presets really learn.
 
 ``make test`` trains each preset for as long as it takes seed 0 to get most of the way
-(``slow``: about two minutes each; bit flipping, with and without hindsight relabelling,
-under a minute each); broken learning (no bootstrapped target, no gradient
-step) stays far below their bars (docs/results.md, "Learning checks"). ``make test-all``
+(``slow``: about two minutes each; bit flipping and point reaching, with and without
+hindsight relabelling, under a minute each); broken learning (no bootstrapped target, no
+gradient step) stays far below their bars (docs/results.md, "Learning checks"). ``make test-all``
 adds the full-length runs (``release``), whose final results the results table reports."""
 
 from __future__ import annotations
@@ -58,26 +58,32 @@ def test_dqn_preset_learns_cartpole_within_25k_frames(tmp_path: Path) -> None:
     assert result.last_eval_reward >= 300, result
 
 
-def bit_flip_success(tmp_path: Path, her_ratio: float) -> float:
-    """The final success rate over 50 evaluation episodes of the bit-flipping preset on 10
-    bits for 4,500 frames, relabelling ``her_ratio`` of each batch."""
-    overrides = [
+# The goal presets, shortened: bit flipping on 10 bits for 4,500 frames with 50 evaluation
+# episodes (seed 0: 1.0 with relabelling from 3,000 frames on, 0.0 without it), PointReach
+# for 3,000 frames (seeds 0-2: 1.0 with relabelling from 3,000 frames on, 0.0 without it).
+GOAL_CHECKS = {
+    "dqn_bitflip": [
         "env.name=rl_app.goal_envs:rl_app/BitFlip10-v0",
-        f"replay.her_ratio={her_ratio}",
         *trained_for(4_500),
         "eval.episodes=50",
-    ]
-    config = load_config("dqn_bitflip", [f"run_dir={tmp_path}", "logger.backend=none", *overrides])
-    return read_metrics(train(config).run_dir)[-1][SUCCESS_RATE_KEY]
+    ],
+    "sac_pointreach": trained_for(3_000),
+}
 
 
 @pytest.mark.slow
-def test_hindsight_relabelling_learns_10_bit_flipping_that_dqn_alone_does_not(
-    tmp_path: Path,
+@pytest.mark.parametrize("preset", GOAL_CHECKS)
+def test_hindsight_relabelling_learns_goals_that_the_algorithm_alone_does_not(
+    preset: str, tmp_path: Path
 ) -> None:
-    # Seed 0: 1.0 with relabelling (from 3,000 frames on), 0.0 without it.
-    assert bit_flip_success(tmp_path / "her", 0.8) >= 0.9
-    assert bit_flip_success(tmp_path / "alone", 0.0) <= 0.2
+    def final_success(her_ratio: float) -> float:
+        run = f"run_dir={tmp_path / f'her_{her_ratio}'}"
+        overrides = [run, "logger.backend=none", f"replay.her_ratio={her_ratio}"]
+        config = load_config(preset, [*overrides, *GOAL_CHECKS[preset]])
+        return read_metrics(train(config).run_dir)[-1][SUCCESS_RATE_KEY]
+
+    assert final_success(0.8) >= 0.9
+    assert final_success(0.0) <= 0.2
 
 
 @pytest.mark.release

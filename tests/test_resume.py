@@ -20,7 +20,18 @@ from rl_app.journal import restorable_from
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, build_run, run_iterations, train
 from tests import faulty_envs
-from tests.helpers import PYTHON, RECURRENT_DQN, TINY_RUN, TRAIN_PY, run_files, wait_for
+from tests.helpers import (
+    PYTHON,
+    RECURRENT_DQN,
+    TINY_RUN,
+    TRAIN_PY,
+    assert_same_run,
+    resume_in_process,
+    run_files,
+    strip_wall_time,
+    train_in_process,
+    wait_for,
+)
 
 
 def start_training(run_dir: Path, *overrides: str) -> subprocess.Popen:
@@ -39,33 +50,11 @@ def wait_for_checkpoints(run_dir: Path, count: int) -> None:
     )
 
 
-def final_state(run) -> dict[str, torch.Tensor]:
-    state = {}
-    for name, component in run.algorithm.checkpoint_components().items():
-        for key, value in component.state_dict().items():
-            if isinstance(value, torch.Tensor):
-                state[f"{name}.{key}"] = value.clone()
-    return state
-
-
-def train_in_process(config) -> tuple[dict, TensorDict, list[dict]]:
-    run = build_run(config)
-    try:
-        run_iterations(run)
-        return final_state(run), run.buffer[:].clone(), read_metrics(run.run_dir)
-    finally:
-        run.close()
-
-
 def assert_frames_continuous(rows: list[dict], step: int, last: int) -> None:
     assert [row["frames"] for row in rows] == list(range(step, last + 1, step))
     # The run's wall time goes on across resumes: it never restarts from zero.
     wall = [row["wall_seconds"] for row in rows]
     assert wall == sorted(wall)
-
-
-def strip_wall_time(row: dict) -> dict:
-    return {key: value for key, value in row.items() if key != "wall_seconds"}
 
 
 # -- determinism and exact resume --------------------------------------------------------
@@ -122,28 +111,6 @@ def test_resume_at_an_episode_boundary_matches_the_uninterrupted_run(
     resumed = load_config("default", [f"run_dir={interrupted}", "collector.total_frames=1600"])
     assert resumed.network.hidden_sizes == [32, 32]  # the saved config, not the preset
     assert_same_run(alone, resume_in_process(resumed))
-
-
-def resume_in_process(config) -> tuple[dict, TensorDict, list[dict]]:
-    """Resume ``config``'s run from its newest checkpoint and train it to its end."""
-    run = build_run(config, resuming=True)
-    try:
-        run.checkpoints.load(choose_checkpoint(Path(config.run_dir) / "checkpoints")[0])
-        run.logger.rewind(run.progress.frames)
-        run_iterations(run)
-        return final_state(run), run.buffer[:].clone(), read_metrics(run.run_dir)
-    finally:
-        run.close()
-
-
-def assert_same_run(alone: tuple, resumed: tuple) -> None:
-    """The same parameters, replay buffer and metrics (wall time aside)."""
-    for key in alone[0]:
-        assert torch.equal(alone[0][key], resumed[0][key]), key
-    assert (alone[1] == resumed[1]).all()
-    assert [strip_wall_time(row) for row in alone[2]] == [
-        strip_wall_time(row) for row in resumed[2]
-    ]
 
 
 # Bit flipping with hindsight relabelling, small: 15 steps per episode, none reached by the

@@ -53,6 +53,8 @@ ENTRIES = {
         "dqn_bitflip",
         ["replay.sampler=prioritized_slice", "replay.slice_len=4", "optim.target=nstep"],
     ),
+    "sac_pointreach": ("sac_pointreach", []),
+    "sac_pointreach_her_off": ("sac_pointreach", ["replay.her_ratio=0"]),
 }
 SEEDS = (1, 2, 3, 4, 5)
 

@@ -20,12 +20,12 @@ ALGORITHMS: dict[str, type[Algorithm]] = {"sac": SAC, "dqn": DQN}
 
 # The acting policy of each algorithm, as its `policy_factory()` builds it, from the config,
 # the observation size (None: stacked frames), the desired goal's size (None: no goal) and
-# the action spec: playing a run needs nothing else. Only DQN reads goals.
+# the action spec: playing a run needs nothing else.
 POLICIES: dict[
     str, Callable[[Config, int | None, int | None, TensorSpec], TensorDictModuleBase]
 ] = {
     "sac": lambda config, observation_dim, goal_dim, action_spec: sac.make_actor(
-        config.network, observation_dim, action_spec
+        config.network, observation_dim, goal_dim, action_spec
     ),
     "dqn": lambda config, observation_dim, goal_dim, action_spec: dqn.make_policy(
         config.network, config.dqn, observation_dim, goal_dim, action_spec

@@ -21,7 +21,7 @@ from torchrl.objectives import LossModule, ValueEstimators
 
 from rl_app.config import OptimConfig, ReplayConfig
 from rl_app.envs import PIXELS_KEY
-from rl_app.replay import LOSS_MASK_KEY, PRIORITY_KEY
+from rl_app.replay import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL, PRIORITY_KEY
 from rl_app.upstream import EAGER_SPLIT, without_tensorclass_memo_guards
 
 # optim.target -> TorchRL's estimator. Over a [slices, slice_len] batch TD1 sums the
@@ -47,10 +47,15 @@ class Algorithm(abc.ABC):
     compute_losses: Callable[[TensorDictBase], TensorDictBase]
     #: :meth:`gradient_step` itself or, with ``optim.cudagraphs``, its CUDA-graph capture.
     step: Callable[[TensorDictBase], TensorDictBase]
+    #: Whether sampled goals are relabelled in hindsight (``replay.her_ratio``).
+    relabels_goals: bool = False
 
     def replay_keys(self) -> list[Any]:
-        """What an update reads from a transition (the loss's ``in_keys``): with the
-        trajectory ids, all the replay buffer stores of a collected frame."""
+        """What an update reads from a transition (the loss's ``in_keys``), and where the
+        relabelling goals come from when ``relabels_goals``: with the trajectory ids, all
+        the replay buffer stores of a collected frame."""
+        if self.relabels_goals:
+            return [*self.loss.in_keys, NEXT_ACHIEVED_GOAL]
         return list(self.loss.in_keys)
 
     @abc.abstractmethod
@@ -132,6 +137,15 @@ def goal_dim(env: EnvBase) -> int | None:
     if "desired_goal" not in env.observation_spec.keys():
         return None
     return env.observation_spec["desired_goal"].shape[-1]
+
+
+def network_inputs(observation_dim: int, goal_dim: int | None) -> tuple[list[str], int]:
+    """What a network over a flat observation reads, and their total size: the observation,
+    then a goal env's desired goal (``goal_dim``, None: no goal). TorchRL's MLP concatenates
+    its inputs in this order, so one network conditions on the goal."""
+    if goal_dim is None:
+        return ["observation"], observation_dim
+    return ["observation", "desired_goal"], observation_dim + goal_dim
 
 
 def make_adam(parameters: Iterable[torch.nn.Parameter], optim: OptimConfig) -> torch.optim.Adam:

@@ -41,12 +41,13 @@ from rl_app.algorithms.base import (
     make_adam,
     make_value_estimator,
     mask_padded_steps,
+    network_inputs,
     observation_dim,
 )
 from rl_app.config import Config, DQNConfig, NetworkConfig
 from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS
 from rl_app.frames import random_shift, stored_keys
-from rl_app.replay import NEXT_ACHIEVED_GOAL, PRIORITY_KEY
+from rl_app.replay import PRIORITY_KEY
 from rl_app.upstream import unrolling_view
 
 # The Nature CNN's convolutions (Mnih et al., 2015): 84x84 frames come out as 64 maps of
@@ -110,15 +111,14 @@ def make_qvalue_actor(
     if observation_dim is None:
         return QValueActor(nature_cnn(actions), in_keys=[PIXELS_KEY], spec=action_spec)
     if network.recurrent == "none":
-        goal_keys = [] if goal_dim is None else ["desired_goal"]
+        in_keys, in_features = network_inputs(observation_dim, goal_dim)
         qnetwork = MLP(
-            in_features=observation_dim + (goal_dim or 0),
+            in_features=in_features,
             out_features=actions,
             num_cells=network.hidden_sizes,
             activation_class=nn.ReLU,
         )
-        # TorchRL's MLP concatenates its inputs: Q(observation, goal).
-        return QValueActor(qnetwork, in_keys=["observation", *goal_keys], spec=action_spec)
+        return QValueActor(qnetwork, in_keys=in_keys, spec=action_spec)
     embedding = MLP(
         in_features=observation_dim,
         out_features=network.hidden_sizes[-1],
@@ -185,7 +185,7 @@ class DQN(Algorithm):
         self._network = config.network
         self._dqn = config.dqn
         self._recurrent = config.network.recurrent != "none"
-        self._relabels_goals = config.replay.her_ratio > 0
+        self.relabels_goals = config.replay.her_ratio > 0
         self.policy = self.policy_factory()().to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
         self.loss = DQNLoss(
@@ -208,8 +208,6 @@ class DQN(Algorithm):
     def replay_keys(self) -> list[Any]:
         if self._observation_dim is None:  # stacked frames: stored once, rebuilt when sampled
             return stored_keys(super().replay_keys())
-        if self._relabels_goals:  # where the relabelling goals come from
-            return [*super().replay_keys(), NEXT_ACHIEVED_GOAL]
         return super().replay_keys()
 
     def policy_factory(self) -> Callable[..., TensorDictSequential]:

@@ -1,4 +1,7 @@
-"""Soft Actor-Critic for continuous actions: a tanh-Gaussian actor and two Q-networks."""
+"""Soft Actor-Critic for continuous actions: a tanh-Gaussian actor and two Q-networks.
+
+In a goal env the actor and the Q-networks read the desired goal with the observation, so
+that hindsight relabelling (``replay.her_ratio``) can train them on other goals."""
 
 from __future__ import annotations
 
@@ -18,30 +21,47 @@ from torchrl.objectives import SACLoss, SoftUpdate
 from rl_app.algorithms.base import (
     Algorithm,
     capture_step,
+    goal_dim,
     loss_function,
     make_adam,
     make_value_estimator,
     mask_padded_steps,
+    network_inputs,
 )
 from rl_app.config import Config, NetworkConfig
 from rl_app.replay import PRIORITY_KEY
 from rl_app.upstream import create_target_entropy_buffer
 
 
+class MultiInputSequential(nn.Sequential):
+    """``nn.Sequential`` whose first module takes every input (TorchRL's MLP concatenates
+    the observation and the desired goal); its parameters keep ``nn.Sequential``'s names,
+    so the actor of a run without goals loads as before."""
+
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        output = self[0](*inputs)
+        for module in self[1:]:
+            output = module(output)
+        return output
+
+
 def make_actor(
     network: NetworkConfig,
     observation_dim: int,
+    goal_dim: int | None,
     action_spec: TensorSpec,
     env: EnvBase | None = None,
 ) -> ProbabilisticActor:
-    """The SAC actor: observation -> (loc, scale) -> TanhNormal within the action bounds.
+    """The SAC actor: observation (and the desired goal where the env observes one,
+    ``goal_dim``) -> (loc, scale) -> TanhNormal within the action bounds.
 
     ``env`` is accepted and unused because TorchRL's Evaluator calls policy factories
     with the evaluation env."""
     action_dim = action_spec.shape[-1]
-    backbone = nn.Sequential(
+    in_keys, in_features = network_inputs(observation_dim, goal_dim)
+    backbone = MultiInputSequential(
         MLP(
-            in_features=observation_dim,
+            in_features=in_features,
             out_features=2 * action_dim,
             num_cells=network.hidden_sizes,
             activation_class=nn.ReLU,
@@ -49,7 +69,7 @@ def make_actor(
         NormalParamExtractor(),
     )
     return ProbabilisticActor(
-        TensorDictModule(backbone, in_keys=["observation"], out_keys=["loc", "scale"]),
+        TensorDictModule(backbone, in_keys=in_keys, out_keys=["loc", "scale"]),
         in_keys=["loc", "scale"],
         spec=action_spec,
         distribution_class=TanhNormal,
@@ -58,15 +78,18 @@ def make_actor(
     )
 
 
-def make_qvalue(network: NetworkConfig, observation_dim: int, action_dim: int) -> ValueOperator:
-    """A Q-network: (observation, action) -> state-action value."""
+def make_qvalue(
+    network: NetworkConfig, observation_dim: int, goal_dim: int | None, action_dim: int
+) -> ValueOperator:
+    """A Q-network: (observation, desired goal where there is one, action) -> value."""
+    in_keys, in_features = network_inputs(observation_dim, goal_dim)
     mlp = MLP(
-        in_features=observation_dim + action_dim,
+        in_features=in_features + action_dim,
         out_features=1,
         num_cells=network.hidden_sizes,
         activation_class=nn.ReLU,
     )
-    return ValueOperator(mlp, in_keys=["observation", "action"])
+    return ValueOperator(mlp, in_keys=[*in_keys, "action"])
 
 
 class SAC(Algorithm):
@@ -74,13 +97,14 @@ class SAC(Algorithm):
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
         self._observation_dim = env.observation_spec["observation"].shape[-1]
+        self._goal_dim = goal_dim(env)
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._network = config.network
-        self.policy = make_actor(config.network, self._observation_dim, self._action_spec)
-        self.policy.to(device)
-        qvalue = make_qvalue(config.network, self._observation_dim, self._action_spec.shape[-1]).to(
-            device
-        )
+        self.relabels_goals = config.replay.her_ratio > 0
+        self.policy = self.policy_factory()().to(device)
+        qvalue = make_qvalue(
+            config.network, self._observation_dim, self._goal_dim, self._action_spec.shape[-1]
+        ).to(device)
         self.loss = SACLoss(
             self.policy,
             qvalue,
@@ -103,7 +127,7 @@ class SAC(Algorithm):
 
     def policy_factory(self) -> Callable[..., ProbabilisticActor]:
         return functools.partial(
-            make_actor, self._network, self._observation_dim, self._action_spec
+            make_actor, self._network, self._observation_dim, self._goal_dim, self._action_spec
         )
 
     def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
