@@ -168,3 +168,14 @@ def test_a_killed_worker_s_trial_resumes_and_two_workers_end_the_sweep_with_its_
     assert rows[0].split(",")[:2] == ["number", "state"] and len(rows) == 3
     again = subprocess.run([*command, "--summary"], cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0 and "summary.md" in again.stdout
+
+
+def test_the_worked_example_in_the_readme_is_a_valid_sweep() -> None:
+    sweep = load_sweep(ROOT / "sweeps" / "dqn_cartpole.yaml")  # checks every value it names
+    assert sweep.settings.preset == "dqn_cartpole" and sweep.settings.trials == 16
+    assert set(sweep.space) == {
+        "optim.lr",
+        "optim.gamma",
+        "replay.slice_len",
+        "dqn.target_update_interval",
+    }
