@@ -233,22 +233,23 @@ def sample_batches(
         windows = sequence_windows(buffer.sample(anchors).reshape(anchors, -1))
         return list(windows.to(device).reshape(count, -1, windows.shape[1]).unbind(0))
     sample = buffer.sample(count * batch_size)
-    step_len = replay.slice_len if samples_sequences(replay.sampler) else 1
-    sample = sample.reshape(-1, step_len)  # a slice (or a transition) a row
     if replay.her_ratio:
-        sample = dealt_out(sample, count)
+        slice_len = replay.slice_len if samples_sequences(replay.sampler) else 1
+        sample = dealt_out(sample, count, slice_len)
     sample = (sample if complete is None else complete(sample)).to(device)
     if samples_sequences(replay.sampler):
         return list(sample.reshape(count, -1, replay.slice_len).unbind(0))
     return list(sample.reshape(count, -1).unbind(0))
 
 
-def dealt_out(sample: TensorDictBase, count: int) -> TensorDictBase:
-    """``sample``'s rows (slices or transitions) reordered so that, cut into ``count``
-    batches, each holds every ``count``-th row of it. Hindsight relabelling relabels the
-    first ``replay.her_ratio`` of a sample: each batch then gets that share of it."""
-    order = torch.arange(sample.shape[0]).reshape(-1, count).T.reshape(-1)
-    return sample[order]
+def dealt_out(sample: TensorDictBase, count: int, slice_len: int) -> TensorDictBase:
+    """Flat ``sample``'s slices of ``slice_len`` steps (1: transitions) reordered so that,
+    cut into ``count`` batches, each holds every ``count``-th slice of it. Hindsight
+    relabelling relabels the first ``replay.her_ratio`` of a sample's slices: each batch
+    then gets that share of them."""
+    slices = sample.reshape(-1, slice_len)
+    order = torch.arange(slices.shape[0]).reshape(-1, count).T.reshape(-1)
+    return slices[order].reshape(-1)
 
 
 def sequence_windows(windows: TensorDictBase) -> TensorDictBase:
