@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             print(to_yaml(config), end="")
             return 0
         if config.launcher == "slurm":
-            from rl_app.scale.launch import describe, submit
+            from rl_app.launch.slurm import describe, submit
 
             print(describe(submit(args.config, args.overrides, config)))
             return 0
@@ -66,11 +66,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_here(config: Config) -> int:
     """Train in this process; a fault during training is exit status 1."""
-    from rl_app.scale.cluster import check_collection_jobs
+    from rl_app.launch.cluster import check_collection_jobs
 
     check_collection_jobs(config)  # distributed mode submits jobs: ask the cluster first
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from rl_app.loop import RunFailed, train  # heavy imports only once the config is known good
+    from rl_app.loop import RunFailed  # heavy imports only once the config is known good
+    from rl_app.run import train
 
     try:
         result = train(config)

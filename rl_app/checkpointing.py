@@ -11,7 +11,7 @@ inside the staged checkpoint, and :func:`verify_checkpoint` checks them all befo
 is loaded.
 
 The replay buffer's data is not in a checkpoint: its files stay where they are, and an undo
-journal brings them back to a checkpoint's state (:mod:`rl_app.journal`).
+journal brings them back to a checkpoint's state (:mod:`rl_app.replay.journal`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torchrl.checkpoint import (
     StateDictCheckpointAdapter,
 )
 
-from rl_app.journal import UndoJournal
+from rl_app.replay.journal import UndoJournal
 
 # The metadata key that ranks checkpoints.
 EVAL_METRIC = "eval_reward"
@@ -189,7 +189,7 @@ class RunCheckpoints:
     def load(self, path: Path) -> CheckpointLoadResult:
         """Restore every bound component from ``path`` (:func:`choose_checkpoint` picks a
         verified one), and check the restored replay files: raises
-        :class:`~rl_app.journal.StorageDamaged` if they are damaged. A checkpoint saved
+        :class:`~rl_app.replay.journal.StorageDamaged` if they are damaged. A checkpoint saved
         before the acting policy had a component of its own restores the policy with the
         algorithm's networks, which hold it too."""
         saved = Checkpoint.manifest(path)["components"]
@@ -234,7 +234,7 @@ def choose_checkpoint(
 ) -> tuple[Path, list[tuple[Path, str]]]:
     """The newest checkpoint that verifies, and each newer one passed over with the reason;
     only one at ``restorable_from`` frames or later when the replay buffer must be restored
-    too (:func:`rl_app.journal.restorable_from`).
+    too (:func:`rl_app.replay.journal.restorable_from`).
 
     Raises :class:`CorruptCheckpoint` when none verifies. Reads only."""
     passed_over = []

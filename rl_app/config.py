@@ -996,7 +996,7 @@ def is_atari(env_name: str) -> bool:
 
 def check_atari(config: Config) -> None:
     """An Atari game is learned from stacks of frames that the replay buffer stores once
-    (:mod:`rl_app.frames`): rebuilt along sampled slices, next to one-slot reset slots that
+    (:mod:`rl_app.replay.frames`): rebuilt along sampled slices, next to one-slot reset slots that
     only the slice samplers, with slices of two steps or more, never draw."""
     if not is_atari(config.env.name):
         if config.dqn.random_shift:

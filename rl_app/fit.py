@@ -4,7 +4,7 @@ At its full size a run holds ``replay.capacity`` stored transitions (memory-mapp
 the run directory, or GPU memory with ``replay.device=cuda``), the sampler's state in RAM,
 and on disk up to ``checkpoint.keep_last`` + 2 checkpoints (the kept ones, the best, and the
 one being saved), each with the sampler's state but not the data, and the undo journals of
-the kept ones, up to an evaluation interval's data each (:mod:`rl_app.journal`); with
+the kept ones, up to an evaluation interval's data each (:mod:`rl_app.replay.journal`); with
 ``replay.device=cuda`` each checkpoint copies the data. :func:`check_fit` estimates them from the
 env's specs and the settings, and refuses a run this machine cannot hold with a
 :class:`~rl_app.config.ConfigError` naming ``replay.capacity``. The networks, their

@@ -10,81 +10,40 @@ checkpoint then neither repeats nor misses a row.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import functools
 import logging
 import math
-import random
-import shutil
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
-from torchrl.checkpoint import GlobalRNGState
 from torchrl.collectors import BaseCollector
 from torchrl.data import TensorDictReplayBuffer
 
-from rl_app.algorithms import Algorithm, make_algorithm
-from rl_app.checkpointing import (
-    POLICY_COMPONENT,
-    CorruptCheckpoint,
-    RunCheckpoints,
-    choose_checkpoint,
-)
-from rl_app.collection import (
-    CollectorState,
-    Devices,
-    WeightSync,
-    check_workers,
-    decide_devices,
-    make_collector,
-)
-from rl_app.config import (
-    CHECKPOINTS_DIR,
-    CONFIG_FILE,
-    JOURNAL_DIR,
-    REPLAY_DIR,
-    Config,
-    holds_checkpoint,
-    to_yaml,
-)
-from rl_app.envs import SUCCESS_KEY, make_env
+from rl_app.algorithms import Algorithm
+from rl_app.checkpointing import RunCheckpoints
+from rl_app.collection import Devices, WeightSync, check_workers
+from rl_app.config import Config
+from rl_app.envs import SUCCESS_KEY
 from rl_app.evaluation import evaluate
-from rl_app.fit import check_fit
-from rl_app.frames import extend_buffer, stack_frames
 from rl_app.interrupts import StopRequest
-from rl_app.journal import (
-    JournaledStorage,
-    ReplayState,
-    StorageDamaged,
-    UndoJournal,
-    restorable_from,
-)
-from rl_app.logger import CURVE_FILE, EVAL_KEY, LOGS_DIR, METRICS_FILE, RunLogger
+from rl_app.logger import EVAL_KEY, RunLogger
 from rl_app.replay import (
-    allocate_storage,
-    make_replay_buffer,
     recurrent_state_drift,
     sample_batches,
-    stored_transition,
     write_priorities,
     write_recurrent_states,
 )
-from rl_app.runlock import RunDirUnwritable, run_dir_lock
-from rl_app.upstream import skip_pandas_lookups
+from rl_app.replay.frames import extend_buffer, stack_frames
 from rl_app.video import record_evaluation_video
 
 log = logging.getLogger("rl_app")
-
-ERROR_LOG = "error.log"
 
 # Called after each evaluation's checkpoint with (frames, evaluation return); a reason it
 # returns stops the run there, as a stop request would (a sweep's pruner).
@@ -185,174 +144,6 @@ class Run:
         self.logger.close()
         if self.checkpoints.journal is not None:
             self.checkpoints.journal.close()
-
-
-# glibc's malloc settings (mallopt): blocks up to this size come from its heap, and it
-# keeps up to this much freed memory instead of handing it back to the system.
-M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1
-KEPT_BYTES = 1 << 30
-
-
-def keep_freed_memory() -> None:
-    """Have glibc's malloc keep freed memory for reuse: by default it returns every block
-    over 128 kB to the system when freed, so each iteration's sampled batches (tens of MB
-    of frames on Atari) are faulted back in page by page. Rebuilding frame stacks ran 2x
-    faster with it (docs/speed.md). Nothing changes without glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(M_MMAP_THRESHOLD, KEPT_BYTES)
-    libc.mallopt(M_TRIM_THRESHOLD, 2 * KEPT_BYTES)
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def prepare_run_dir(run_dir: Path, resuming: bool) -> None:
-    """Make sure the run directory is writable and, on a fresh start, clear what an
-    earlier attempt that never saved a checkpoint left: its replay files and journals,
-    metrics and logs. A resume keeps them: its checkpoint restores the replay files."""
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".writable"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as error:
-        raise RunFailed(f"run_dir {run_dir} is not writable: {error.strerror}") from None
-    if resuming:
-        return
-    stale = (REPLAY_DIR, JOURNAL_DIR, METRICS_FILE, CURVE_FILE, LOGS_DIR, CHECKPOINTS_DIR)
-    for path in (run_dir / name for name in stale):
-        if path.is_dir():  # empty it but keep it: it may be a mount point of its own
-            for child in path.iterdir():
-                shutil.rmtree(child) if child.is_dir() else child.unlink()
-        elif path.exists():
-            path.unlink()
-
-
-def build_run(config: Config, resuming: bool = False) -> Run:
-    """Create every part of the run, each from its factory, in a prepared run directory."""
-    run_dir = Path(config.run_dir)
-    skip_pandas_lookups()  # every env step and eager update runs faster (upstream.py)
-    keep_freed_memory()
-    prepare_run_dir(run_dir, resuming)
-    (run_dir / CONFIG_FILE).write_text(to_yaml(config))
-    torch.set_num_threads(config.threads)
-    seed_everything(config.seed)
-
-    devices = decide_devices(config)
-    spec_env = make_env(config.env, config.seed, network=config.network)
-    algorithm = make_algorithm(config, spec_env, devices.learner)
-    transition = stored_transition(spec_env, algorithm.replay_keys())
-    # A goal env's reward and termination for other goals are functions of the goals alone,
-    # which hindsight relabelling asks of this env after it is closed.
-    buffer = make_replay_buffer(config.replay, run_dir / REPLAY_DIR, config.seed, spec_env)
-    spec_env.close()
-    try:
-        allocate_storage(buffer, transition)
-    except OSError as error:
-        raise RunFailed(f"the replay buffer cannot take its space: {error.strerror}") from None
-    journal = None
-    if isinstance(buffer.storage, JournaledStorage):
-        journal = UndoJournal(buffer.storage, run_dir / JOURNAL_DIR)
-    collector = make_collector(config, algorithm, devices)
-    progress = Progress()
-    logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
-    checkpoints = RunCheckpoints(
-        run_dir / CHECKPOINTS_DIR,
-        config.checkpoint.keep_last,
-        {
-            **algorithm.checkpoint_components(),
-            POLICY_COMPONENT: algorithm.policy,
-            "replay_buffer": ReplayState(buffer, journal),
-            "collector": CollectorState(collector),
-            "rng": GlobalRNGState(),
-            "progress": progress,
-            "logger": logger,
-            "config": dataclasses.asdict(config),
-        },
-        journal,
-    )
-    weight_sync = WeightSync(collector, algorithm, config.env.name)
-    return Run(
-        config, run_dir, devices, algorithm, buffer, collector, weight_sync, progress,
-        checkpoints, logger, PhaseTimer(),
-    )  # fmt: skip
-
-
-def train(config: Config, lock_wait_s: float = 0.0, on_eval: EvalHook | None = None) -> TrainResult:
-    """Train the run ``config`` describes, resuming it if its directory holds a checkpoint.
-
-    The run directory is locked for the whole run, before anything in it is touched
-    (:mod:`rl_app.runlock`); :class:`~rl_app.runlock.RunDirBusy` if another process holds
-    it for longer than ``lock_wait_s``. ``on_eval`` may stop the run after an evaluation
-    (:data:`EvalHook`)."""
-    run_dir = Path(config.run_dir)
-    estimate = check_fit(config)  # refuses, before anything exists, what cannot fit here
-    try:
-        with run_dir_lock(run_dir, lock_wait_s):
-            log.info("%s", estimate)
-            return train_locked(config, run_dir, on_eval)
-    except RunDirUnwritable as error:
-        raise RunFailed(f"run_dir {run_dir} is not writable: {error}") from None
-
-
-def train_locked(config: Config, run_dir: Path, on_eval: EvalHook | None) -> TrainResult:
-    resume_from = find_resume_point(run_dir) if holds_checkpoint(run_dir) else None
-    run = build_run(config, resuming=resume_from is not None)
-    try:
-        if resume_from is not None:
-            try:
-                run.checkpoints.load(resume_from)
-            except StorageDamaged as error:
-                raise RunFailed(
-                    f"cannot resume: {error}; its checkpoints still play (rl_app.play), "
-                    "and a new run_dir trains afresh"
-                ) from None
-            run.checkpoints.record_best()  # a fallback may have set the best one aside
-            run.logger.rewind(run.progress.frames)
-            log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
-            if run.progress.frames >= config.collector.total_frames:
-                log.info("the run already has its %d frames", config.collector.total_frames)
-                return summarize(run, stopped_by=None)
-        return run_iterations(run, on_eval)
-    except RunFailed:
-        raise
-    except Exception as error:
-        raise RunFailed(describe_failure(run, error)) from error
-    finally:
-        run.close()
-
-
-def find_resume_point(run_dir: Path) -> Path:
-    """The newest checkpoint that verifies. Damaged newer ones are set aside as
-    ``corrupt-*`` with the reason logged; if none verifies, nothing is touched."""
-    try:
-        chosen, passed_over = choose_checkpoint(
-            run_dir / CHECKPOINTS_DIR, restorable_from(run_dir / JOURNAL_DIR)
-        )
-    except CorruptCheckpoint as error:
-        raise RunFailed(f"cannot resume: {error}") from None
-    for damaged, why in passed_over:
-        log.warning(
-            "checkpoint %s is unusable: %s; falling back to %s", damaged.name, why, chosen.name
-        )
-        damaged.rename(damaged.with_name(f"corrupt-{damaged.name}"))
-    return chosen
-
-
-def describe_failure(run: Run, error: Exception) -> str:
-    """One paragraph for the user; the traceback goes to ``error.log`` in the run directory."""
-    (run.run_dir / ERROR_LOG).write_text(traceback.format_exc())
-    return (
-        f"training stopped while {run.phases.current} at iteration {run.progress.iterations + 1} "
-        f"({run.progress.frames} frames): {type(error).__name__}: {error}\n"
-        f"last good checkpoint: {run.checkpoints.latest()}; traceback in {run.run_dir / ERROR_LOG}"
-    )
 
 
 def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:

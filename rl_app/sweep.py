@@ -29,7 +29,7 @@ RUNNING trial whose claim no live process holds, with the same settings: its run
 resumes from its newest checkpoint, so no trial is lost and none is counted twice.
 
 With ``launcher: slurm`` the command checks the ``slurm:`` settings against the cluster,
-submits ``jobs`` worker jobs (:class:`rl_app.scale.job.WorkerJob`, each running
+submits ``jobs`` worker jobs (:class:`rl_app.launch.job.WorkerJob`, each running
 :func:`work_trials`) and returns, as ``train.py launcher=slurm`` does. A USR2 stops a
 worker's trial at an iteration boundary with a checkpoint and requeues the job, which
 resumes the trial; the worker that finds nothing left writes the summary.
@@ -531,9 +531,9 @@ def run_sweep(sweep: Sweep, source: Path) -> int:
 def submit_to_slurm(sweep: Sweep, source: Path) -> int:
     """``launcher: slurm``: check the worker jobs' settings against the cluster, then submit
     ``jobs`` worker jobs (one job array) and return once they are queued."""
-    from rl_app.scale.cluster import JOB_DIR, check_cluster, check_collection_jobs, job_settings
-    from rl_app.scale.job import WorkerJob
-    from rl_app.scale.launch import submit_jobs
+    from rl_app.launch.cluster import JOB_DIR, check_cluster, check_collection_jobs, job_settings
+    from rl_app.launch.job import WorkerJob
+    from rl_app.launch.slurm import submit_jobs
 
     settings = job_settings(sweep.settings.slurm)
     check_cluster(settings)

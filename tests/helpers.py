@@ -22,7 +22,8 @@ from rl_app.collection import WeightSync
 from rl_app.config import Config, EnvConfig
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
-from rl_app.loop import Run, build_run, run_iterations
+from rl_app.loop import Run, run_iterations
+from rl_app.run import build_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TRAIN_PY = ROOT / "train.py"

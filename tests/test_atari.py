@@ -13,14 +13,6 @@ from tensordict import TensorDict
 from rl_app.algorithms import make_algorithm
 from rl_app.config import ConfigError, ReplayConfig
 from rl_app.envs import PIXELS_KEY, make_env
-from rl_app.frames import (
-    RESET_STEP,
-    STEP_KEY,
-    extend_buffer,
-    random_shift,
-    reset_trajectory,
-    stack_frames,
-)
 from rl_app.logger import read_metrics
 from rl_app.replay import (
     LOSS_MASK_KEY,
@@ -29,6 +21,14 @@ from rl_app.replay import (
     make_replay_buffer,
     sample_batches,
     stored_transition,
+)
+from rl_app.replay.frames import (
+    RESET_STEP,
+    STEP_KEY,
+    extend_buffer,
+    random_shift,
+    reset_trajectory,
+    stack_frames,
 )
 from tests.helpers import TINY_RUN, random_play_batches, run_train
 

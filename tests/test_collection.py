@@ -18,8 +18,9 @@ from rl_app.collection import WeightSync, decide_devices, make_collector
 from rl_app.config import ReplayConfig
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
-from rl_app.loop import Progress, RunFailed, iteration_metrics, train
+from rl_app.loop import Progress, RunFailed, iteration_metrics
 from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY, make_replay_buffer, write_priorities
+from rl_app.run import train
 from tests import faulty_envs
 from tests.helpers import actor_version, child_processes, collect_around_a_push
 

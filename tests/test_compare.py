@@ -14,7 +14,7 @@ import yaml
 from rl_app.compare import FIGURE_FILE, TABLE_FILE, compare
 from rl_app.config import load_config, to_yaml
 from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
-from rl_app.loop import train
+from rl_app.run import train
 from tests.helpers import PYTHON, ROOT
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -96,7 +96,7 @@ def test_a_goal_env_group_shows_its_final_and_best_success_rates(
 
     summaries, _ = compare([two_settings[0], run_dir], tmp_path / "out")
     by_env = {group.env_name: group for group in summaries}
-    goals = by_env["rl_app.goal_envs:rl_app/BitFlip15-v0"]
+    goals = by_env["rl_app.envs.goals:rl_app/BitFlip15-v0"]
     assert goals.final_success_rates == [rates[-1]]
     assert goals.best_success_rates == [max(rates)]
     assert by_env["Pendulum-v1"].final_success_rates == []

@@ -14,8 +14,8 @@ from rl_app.algorithms.base import CUDA_GRAPH_WARMUP
 from rl_app.config import ConfigError, load_config
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
-from rl_app.loop import train
 from rl_app.replay import PRIORITY_KEY
+from rl_app.run import train
 from tests.helpers import TINY_RUN
 
 # TorchRL's own settings: Q-nets under vmap (SAC), Adam's per-parameter loop, eager loss.

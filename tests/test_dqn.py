@@ -14,7 +14,7 @@ from rl_app.algorithms import make_algorithm
 from rl_app.config import DQNConfig, load_config
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
-from rl_app.loop import build_run, train
+from rl_app.run import build_run, train
 
 TINY_DQN = [
     "network.hidden_sizes=[32,32]",

@@ -27,13 +27,14 @@ from rl_app.config import (
 )
 from rl_app.envs import make_env
 from rl_app.fit import available_ram, footprint, holds, transition_bytes
-from rl_app.loop import RunFailed, build_run, train
+from rl_app.loop import RunFailed
 from rl_app.replay import (
     TRAJECTORY_KEY,
     allocate_storage,
     make_replay_buffer,
     stored_transition,
 )
+from rl_app.run import build_run, train
 from tests.helpers import PYTHON, RECURRENT_DQN, ROOT, TINY_RUN, TRAIN_PY, run_train
 
 SMALL_DISK = 8 * 2**20  # bytes of the tmpfs below

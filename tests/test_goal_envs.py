@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from rl_app.goal_envs import (
+from rl_app.envs.goals import (
     BIT_FLIP_IDS,
     POINT_EPISODE_STEPS,
     POINT_MAX_STEP,
@@ -23,7 +23,7 @@ GOAL_KEYS = {"observation", "achieved_goal", "desired_goal"}
 
 def make(env_id: str, **kwargs: Any) -> gym.Env:
     """The env as the trainer's ``env.name`` names it: ``module:id``."""
-    return gym.make(f"rl_app.goal_envs:{env_id}", **kwargs)
+    return gym.make(f"rl_app.envs.goals:{env_id}", **kwargs)
 
 
 def bit_flip_start(seed: int) -> tuple[gym.Env, dict[str, np.ndarray]]:

@@ -16,8 +16,8 @@ from tensordict import TensorDict
 from rl_app.algorithms import make_algorithm
 from rl_app.config import ConfigError, EnvConfig, ReplayConfig, load_config
 from rl_app.envs import SUCCESS_KEY, make_env
+from rl_app.envs.goals import BIT_FLIP_IDS, BitFlippingEnv
 from rl_app.evaluation import evaluate, success_rate
-from rl_app.goal_envs import BIT_FLIP_IDS, BitFlippingEnv
 from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
 from rl_app.replay import (
     NEXT_ACHIEVED_GOAL,
@@ -29,7 +29,7 @@ from rl_app.replay import (
     write_priorities,
 )
 
-BIT_FLIP = f"rl_app.goal_envs:{BIT_FLIP_IDS[10]}"
+BIT_FLIP = f"rl_app.envs.goals:{BIT_FLIP_IDS[10]}"
 # The desired goal stored with every hand-built step: no step achieves it.
 UNREACHED = -1.0
 STEPS = 4

@@ -11,7 +11,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.data import TensorDictReplayBuffer, TensorDictRoundRobinWriter
 
-from rl_app.journal import (
+from rl_app.replay.journal import (
     CHUNK_SLOTS,
     JournaledStorage,
     StorageDamaged,
@@ -20,7 +20,7 @@ from rl_app.journal import (
     record_patch,
     restorable_from,
 )
-from rl_app.upstream import set_storage_length
+from rl_app.upstream.torchrl import set_storage_length
 
 CAPACITY = 3 * CHUNK_SLOTS // 2  # two chunks, the second one half full when wrapped
 

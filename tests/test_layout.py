@@ -10,7 +10,8 @@ from pathlib import Path
 from tests.helpers import PYTHON, ROOT
 
 PACKAGE = ROOT / "rl_app"
-SCALE = "rl_app.scale"
+# Scale-out: worker processes, collection jobs and the SLURM launcher.
+SCALE = ("rl_app.collection.workers", "rl_app.collection.distributed", "rl_app.launch")
 # The places the core hands work to scale-out code, importing it only when asked to: a
 # collection mode to its backend, and a sweep with ``launcher: slurm`` to the SLURM launcher.
 DOORS = (("rl_app.collection", "make_collector"), ("rl_app.sweep", "submit_to_slurm"))
@@ -112,7 +113,7 @@ from rl_app import loop
 config = load_config("default", ["run_dir={tmp_path / "run"}", "network.hidden_sizes=[8]"])
 algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
 make_collector(config, algorithm, decide_devices(config)).shutdown()
-print(sorted(m for m in sys.modules if m.startswith("{SCALE}")))
+print(sorted(m for m in sys.modules if m.startswith({SCALE!r})))
 """
     result = subprocess.run(
         [PYTHON, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300

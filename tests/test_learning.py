@@ -14,8 +14,9 @@ import pytest
 
 from rl_app.config import load_config
 from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
-from rl_app.loop import TrainResult, train
+from rl_app.loop import TrainResult
 from rl_app.play import play
+from rl_app.run import train
 
 # Seeds the env that plays the final policy's 100 episodes (any fixed seed would do).
 COMMON_STARTS_SEED = 424_242
@@ -63,7 +64,7 @@ def test_dqn_preset_learns_cartpole_within_25k_frames(tmp_path: Path) -> None:
 # for 3,000 frames (seeds 0-2: 1.0 with relabelling from 3,000 frames on, 0.0 without it).
 GOAL_CHECKS = {
     "dqn_bitflip": [
-        "env.name=rl_app.goal_envs:rl_app/BitFlip10-v0",
+        "env.name=rl_app.envs.goals:rl_app/BitFlip10-v0",
         *trained_for(4_500),
         "eval.episodes=50",
     ],

@@ -22,8 +22,8 @@ from torchrl.checkpoint import Checkpoint
 from rl_app.checkpointing import BEST_INDEX, EVAL_METRIC, recorded_best
 from rl_app.config import ConfigError, load_config, to_yaml
 from rl_app.logger import read_metrics
-from rl_app.loop import train
 from rl_app.play import load_policy, play
+from rl_app.run import train
 from tests.helpers import PYTHON, ROOT, TINY_RUN
 
 PENDULUM_FRAMES = 201  # a 200-step episode: the first observation and one per step

@@ -17,7 +17,6 @@ from rl_app.algorithms import make_algorithm
 from rl_app.config import ConfigError, EnvConfig
 from rl_app.envs import RECURRENT_STATE_KEYS, make_env, observation_statistics
 from rl_app.logger import read_metrics
-from rl_app.loop import train
 from rl_app.replay import (
     LOSS_MASK_KEY,
     PRIORITY_KEY,
@@ -29,6 +28,7 @@ from rl_app.replay import (
     write_priorities,
     write_recurrent_states,
 )
+from rl_app.run import train
 from tests.test_targets import stored_priorities
 
 PRESET = "rdqn_cartpole_masked"

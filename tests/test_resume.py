@@ -16,9 +16,10 @@ from tensordict import TensorDict
 
 from rl_app.checkpointing import CorruptCheckpoint, choose_checkpoint
 from rl_app.config import ConfigError, load_config
-from rl_app.journal import restorable_from
 from rl_app.logger import read_metrics
-from rl_app.loop import RunFailed, build_run, run_iterations, train
+from rl_app.loop import RunFailed, run_iterations
+from rl_app.replay.journal import restorable_from
+from rl_app.run import build_run, train
 from tests import faulty_envs
 from tests.helpers import (
     PYTHON,

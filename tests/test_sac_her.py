@@ -14,8 +14,8 @@ from rl_app.algorithms import make_algorithm, make_policy
 from rl_app.config import ConfigError, load_config
 from rl_app.envs import make_env
 from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
-from rl_app.loop import train
 from rl_app.replay import NEXT_ACHIEVED_GOAL
+from rl_app.run import train
 from tests.helpers import assert_same_run, resume_in_process, train_in_process
 
 PRESET = "sac_pointreach"

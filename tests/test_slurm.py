@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from rl_app.launch.job import read_attempts
+from rl_app.launch.slurm import read_array_summary
 from rl_app.logger import read_metrics
-from rl_app.scale.job import read_attempts
-from rl_app.scale.launch import read_array_summary
 from tests.helpers import (
     FINAL_STATES,
     PYTHON,

@@ -10,8 +10,9 @@ import torch
 import yaml
 
 from rl_app.logger import read_metrics
-from rl_app.loop import build_run, run_iterations, train
+from rl_app.loop import run_iterations
 from rl_app.replay import TRAJECTORY_KEY
+from rl_app.run import build_run, train
 
 
 def test_short_run_writes_config_metrics_curve_and_checkpoints(tiny_config) -> None:

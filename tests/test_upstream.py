@@ -1,4 +1,4 @@
-"""TorchRL 0.14.1 (and torch 2.14.1) behaviours that rl_app/upstream.py works around, checked
+"""TorchRL 0.14.1 (and torch 2.14.1) behaviours that rl_app/upstream/ works around, checked
 on the installed versions. A failure here after an upgrade means one of them changed (or
 fixed) that behaviour: revisit the workaround named in the test, and drop it where it is no
 longer needed."""
@@ -34,9 +34,9 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 from rl_app.algorithms import make_algorithm
 from rl_app.config import EnvConfig, load_config
 from rl_app.envs import ReplayableReset, env_factory, make_env
-from rl_app.upstream import (
-    EAGER_SPLIT,
-    TENSORCLASS_MEMO,
+from rl_app.upstream.tensordict import TENSORCLASS_MEMO, without_tensorclass_memo_guards
+from rl_app.upstream.torch import EAGER_SPLIT
+from rl_app.upstream.torchrl import (
     GuardedWeightSyncScheme,
     HindsightReplayBuffer,
     VectorizedSliceSampler,
@@ -48,7 +48,6 @@ from rl_app.upstream import (
     set_storage_length,
     undo_trajectory_id_shifts,
     unrolling_view,
-    without_tensorclass_memo_guards,
 )
 from tests import faulty_envs
 from tests.test_her_upstream import SLICE_LEN, UNREACHED, episode, slice_sampler

@@ -29,7 +29,7 @@ from rl_app.compare import (
     summarize_group,
 )
 from rl_app.config import load_config
-from rl_app.loop import train
+from rl_app.run import train
 
 # name -> (preset, overrides)
 ENTRIES = {

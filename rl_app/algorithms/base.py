@@ -22,7 +22,8 @@ from torchrl.objectives import LossModule, ValueEstimators
 from rl_app.config import OptimConfig, ReplayConfig
 from rl_app.envs import PIXELS_KEY
 from rl_app.replay import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL, PRIORITY_KEY
-from rl_app.upstream import EAGER_SPLIT, without_tensorclass_memo_guards
+from rl_app.upstream.tensordict import without_tensorclass_memo_guards
+from rl_app.upstream.torch import EAGER_SPLIT
 
 # optim.target -> TorchRL's estimator. Over a [slices, slice_len] batch TD1 sums the
 # discounted rewards up to the slice end and bootstraps there: an n-step return with n the
@@ -120,7 +121,8 @@ def mask_padded_steps(loss: LossModule, replay: ReplayConfig, stacked_frames: bo
     """With TorchRL's Sequence windows (``replay.sampler=prioritized_sequence``) the loss
     counts only the steps under ``LOSS_MASK_KEY``: learning steps of the sampled episode,
     neither burn-in steps nor the padding past an episode end (:mod:`rl_app.replay`); with
-    ``stacked_frames``, only the steps whose stacks were rebuilt whole (:mod:`rl_app.frames`)."""
+    ``stacked_frames``, only the steps whose stacks were rebuilt whole
+    (:mod:`rl_app.replay.frames`)."""
     if replay.sampler == "prioritized_sequence" or stacked_frames:
         loss.loss_mask_key = LOSS_MASK_KEY
 
@@ -172,7 +174,7 @@ def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase],
     # fallback_random: draw random numbers as eager code does, so that a compiled update
     # takes the same step as an uncompiled one and a run may switch on resume. EAGER_SPLIT:
     # save what eager autograd saves for the backward (0.7x the time on an AMD EPYC); the
-    # guard filter spares a recompile after the first evaluation (both: upstream.py).
+    # guard filter spares a recompile after the first evaluation (both: rl_app.upstream).
     options = {"fallback_random": True, "guard_filter_fn": without_tensorclass_memo_guards}
     return torch.compile(loss, options={**options, **EAGER_SPLIT})
 

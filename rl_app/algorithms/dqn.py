@@ -7,7 +7,7 @@ one-layer MLP Q-head): it acts with its state carried through the episode by the
 stored state.
 
 An Atari game's Q-network is the Nature CNN, reading stacks of frames that the replay
-buffer stores once (:mod:`rl_app.frames`)."""
+buffer stores once (:mod:`rl_app.replay.frames`)."""
 
 from __future__ import annotations
 
@@ -46,9 +46,9 @@ from rl_app.algorithms.base import (
 )
 from rl_app.config import Config, DQNConfig, NetworkConfig
 from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS
-from rl_app.frames import random_shift, stored_keys
 from rl_app.replay import PRIORITY_KEY
-from rl_app.upstream import unrolling_view
+from rl_app.replay.frames import random_shift, stored_keys
+from rl_app.upstream.torchrl import unrolling_view
 
 # The Nature CNN's convolutions (Mnih et al., 2015): 84x84 frames come out as 64 maps of
 # 7x7, read by a 512-unit layer.

@@ -30,7 +30,7 @@ from rl_app.algorithms.base import (
 )
 from rl_app.config import Config, NetworkConfig
 from rl_app.replay import PRIORITY_KEY
-from rl_app.upstream import create_target_entropy_buffer
+from rl_app.upstream.torchrl import create_target_entropy_buffer
 
 
 class MultiInputSequential(nn.Sequential):
@@ -115,7 +115,7 @@ class SAC(Algorithm):
             deactivate_vmap=not (config.sac.vmap_qnets or config.optim.compile),
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
-        create_target_entropy_buffer(self.loss)  # before a compile (upstream.py)
+        create_target_entropy_buffer(self.loss)  # before a compile (rl_app.upstream)
         make_value_estimator(self.loss, config.optim)
         mask_padded_steps(self.loss, config.replay)
         self.target_updater = SoftUpdate(self.loss, tau=config.sac.tau)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import submitit
 
 from rl_app.config import CHECKPOINTS_DIR, Config
-from rl_app.scale.cluster import JOB_DIR
+from rl_app.launch.cluster import JOB_DIR
 
 if TYPE_CHECKING:  # torch and TorchRL: imported in the job only
     from rl_app.loop import EvalHook, TrainResult
@@ -158,7 +158,7 @@ def train_attempt(config: Config, on_eval: EvalHook | None = None) -> TrainResul
     import torch  # heavy imports: in the job only
 
     from rl_app.collection import decide_devices
-    from rl_app.loop import train
+    from rl_app.run import train
 
     # Threads follow the job's allocation, not the host's core count.
     threads = int(os.environ.get("SLURM_CPUS_PER_TASK", config.threads))
@@ -230,7 +230,7 @@ def record_attempt(run_dir: Path, event: str, **details: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as file:
         file.write(json.dumps(row) + "\n")
-    print(f"rl_app.scale.job: {json.dumps(row)}", file=sys.stderr, flush=True)
+    print(f"rl_app.launch.job: {json.dumps(row)}", file=sys.stderr, flush=True)
 
 
 def read_attempts(run_dir: Path) -> list[dict[str, Any]]:

@@ -8,7 +8,7 @@ gymnasium-robotics' ``GoalEnv`` does: a replay buffer recomputes the reward and 
 termination of a stored transition for another goal with them.
 
 Importing this module registers the ids below, so ``env.name`` takes them as
-``rl_app.goal_envs:<id>`` (Gymnasium imports the module named before the colon).
+``rl_app.envs.goals:<id>`` (Gymnasium imports the module named before the colon).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ executor that asks for it.
 A job's settings come from a profile in ``slurm/profiles/<name>.yaml`` with every ``slurm.*``
 key that is set laid over it; they are checked for types and ranges, then against the
 cluster (``sinfo``), before anything is submitted. Used by the SLURM launcher
-(:mod:`rl_app.scale.launch`) and by collection jobs (:mod:`rl_app.scale.distributed`).
+(:mod:`rl_app.launch.slurm`) and by collection jobs (:mod:`rl_app.collection.distributed`).
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def make_executor(folder: Path, settings: JobSettings, name: str) -> submitit.Au
         cpus_per_task=settings.cpus_per_task,
         slurm_signal_delay_s=settings.signal_delay_s,
         slurm_additional_parameters=dict(settings.sbatch_extra),
-        # The job unpickles rl_app.scale.job.TrainJob: make rl_app importable from any directory.
+        # The job unpickles rl_app.launch.job.TrainJob: make rl_app importable from any directory.
         slurm_setup=[f"export PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"],
         **{key: value for key, value in optional.items() if value is not None},
     )

@@ -1,44 +1,11 @@
-"""Every use of a private API of TorchRL 0.14.1 (or of torch 2.14.1), and every workaround
-of one of their behaviours.
-
-Whoever upgrades TorchRL reads this file first. Each item says what TorchRL does, what is done
-here instead, and names the test in ``tests/test_upstream.py`` that starts failing (or can be
-deleted) once TorchRL changes that behaviour. Nothing else in rl_app touches a private name.
-
-1. :func:`gymnasium_env`: the Gymnasium env inside a TorchRL env (no public handle).
-2. :class:`GuardedWeightSyncScheme`, :func:`make_guarded_policy`: worker processes apply
-   pushed weights parameter by parameter on a background thread, while acting; and a push
-   waits for ever for a worker that died.
-3. :class:`ExecutorDistributedCollector`, :func:`weight_sync_kept_open`,
-   :func:`undo_trajectory_id_shifts`, ``UNBOUNDED_FRAMES``: the distributed collector's
-   address, executor, join timeout, endless iteration, shutdown and trajectory ids.
-4. :func:`unrolling_view`: an LSTM unrolling a sequence overwrites the stored next states.
-5. ``EAGER_SPLIT`` (:class:`SaveAsEagerDoes`): torch 2.14.1's inductor, not TorchRL: how a
-   compiled loss is split into forward and backward (private ``torch._functorch`` and
-   ``torch._inductor`` names).
-6. :func:`without_tensorclass_memo_guards`, :func:`create_target_entropy_buffer`: what
-   makes a compiled loss recompile: tensordict's per-class memo, whenever a new class is
-   checked anywhere in the process; SACLoss's buffer, created by its first call.
-7. :func:`lay_out_storage`: a lazy storage lays out its files or tensors at the first
-   extend only (private ``_init``).
-8. :func:`skip_pandas_lookups`: tensordict searches ``sys.path`` for pandas on every
-   output of a ``TensorDictModule``.
-9. :func:`replay_generator`, :func:`set_storage_length`, :func:`sampler_state`,
-   :func:`load_sampler_state`: a replay buffer's state without its stored data (its
-   ``state_dict`` holds the data too), in tensors that load without unpickling objects.
-10. :class:`VectorizedSliceSampler`: after every extend, TorchRL's prioritized slice
-    sampler lays out which slots may start a slice in a Python loop over the trajectories.
-11. :class:`HindsightReplayBuffer`: ``HERReplayBuffer`` raises at its first sample once the
-    storage is full, and keeps a relabelled transition's stored ``terminated`` flag.
-"""
+"""TorchRL 0.14.1: its private names and the workarounds of its behaviours (the index is in
+:mod:`rl_app.upstream`)."""
 
 from __future__ import annotations
 
-import importlib.util
 import logging
-import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,7 +13,6 @@ import gymnasium as gym
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
-from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
 from torchrl.data import HERReplayBuffer, PrioritizedSliceSampler, ReplayBuffer, TensorStorage
@@ -245,56 +211,7 @@ def unrolling_view(network: TensorDictSequential) -> TensorDictSequential:
     return TensorDictSequential(*modules)
 
 
-# -- 5. how inductor splits a compiled loss ------------------------------------------------
-
-
-class SaveAsEagerDoes(CustomPartitionerFn):
-    """Split a compiled loss into forward and backward graphs as eager autograd does: the
-    backward reads the float activations the forward saved.
-
-    Inductor's own split saves a ``bool`` mask per ReLU instead (a quarter of the memory),
-    and its generated C++ for CPUs converts and stores such masks through a slow scalar
-    path: on an AMD EPYC the default SAC update took 17.3 ms compiled with inductor's
-    split, 12.0 ms with this one, 18.7 ms eager (``make bench ARGS="--only update"``).
-    Tests: ``test_inductor_still_saves_bool_masks_for_relu_backward``, and
-    ``tests/test_compile.py`` (compiled and eager updates take the same steps)."""
-
-    def __call__(
-        self, gm: torch.fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
-    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-        # Imported here, where a compile runs anyway: 0.4 s of imports for every process.
-        from torch._functorch.partitioners import default_partition
-
-        kwargs.pop("compiler", None)  # inductor names itself; this split takes no name
-        return default_partition(gm, joint_inputs, **kwargs)
-
-    def uuid(self) -> Any:
-        return get_hash_for_files((__file__,))
-
-
-# inductor options of a loss compiled with that split. In-place buffer reuse must be off:
-# with it on, a saved activation was overwritten before the backward read it (the last
-# Q-layer's weight gradient of SAC came out wrong). Test:
-# ``test_the_eager_split_still_needs_inplace_buffers_off``.
-EAGER_SPLIT = {"custom_partitioner_fn": SaveAsEagerDoes(), "inplace_buffers": False}
-
-
-# -- 6. recompiles of a compiled loss ------------------------------------------------------
-
-TENSORCLASS_MEMO = "_TENSORCLASS_MEMO"
-
-
-def without_tensorclass_memo_guards(guards: Sequence[Any]) -> list[bool]:
-    """A ``guard_filter_fn`` for ``torch.compile``: keep every guard but those on the length
-    of tensordict's private ``tensordict.utils._TENSORCLASS_MEMO``.
-
-    tensordict caches per class whether it is a tensorclass; a compiled loss reads that
-    cache, so dynamo guards on its length, and a class checked anywhere else in the process
-    for the first time recompiles the loss. The first evaluation's weight copy checks
-    ``str``: a 10-20 s recompile in every compiled run. The cache holds a fixed fact per
-    class, so its length decides nothing the compiled code does. Test:
-    ``test_a_compiled_loss_still_guards_on_tensordicts_class_memo``."""
-    return [TENSORCLASS_MEMO not in guard.name for guard in guards]
+# -- 6. a buffer SACLoss creates on first use ---------------------------------------------
 
 
 def create_target_entropy_buffer(loss: SACLoss) -> None:
@@ -313,23 +230,6 @@ def lay_out_storage(storage: TensorStorage, transition: TensorDictBase) -> None:
     do at their first extend, through their private ``_init``. Test:
     ``test_a_lazy_storage_still_lays_itself_out_at_the_first_extend``."""
     storage._init(transition)
-
-
-# -- 8. a search for pandas on every module output -----------------------------------------
-
-
-def skip_pandas_lookups() -> None:
-    """Where pandas is not installed, record it in ``sys.modules`` as absent.
-
-    tensordict 0.14.3 writes every output of a ``TensorDictModule`` through
-    ``TensorDict.from_any``, which calls ``importlib.util.find_spec("pandas")``: a search of
-    every ``sys.path`` entry for each policy call while collecting or evaluating, and each
-    module call of an eager update (an evaluation of the default preset took 0.92x the time
-    without it). Recorded as absent, the look-up answers at once, and ``import pandas``
-    raises ``ModuleNotFoundError`` as before. Test:
-    ``test_tensordict_still_looks_for_pandas_on_every_module_output``."""
-    if "pandas" not in sys.modules and importlib.util.find_spec("pandas") is None:
-        sys.modules["pandas"] = None
 
 
 # -- 9. a replay buffer's state without its data -------------------------------------------

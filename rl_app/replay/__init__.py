@@ -28,8 +28,8 @@ from torchrl.envs import EnvBase
 
 from rl_app.config import ReplayConfig, samples_sequences
 from rl_app.envs import RECURRENT_STATE_KEYS
-from rl_app.journal import JournaledStorage, record_patch
-from rl_app.upstream import (
+from rl_app.replay.journal import JournaledStorage, record_patch
+from rl_app.upstream.torchrl import (
     HindsightReplayBuffer,
     VectorizedSliceSampler,
     gymnasium_env,
@@ -94,7 +94,7 @@ def make_replay_buffer(
     if replay.device.startswith("cuda"):
         storage = LazyTensorStorage(replay.capacity, device=replay.device)
     else:
-        # Files kept across a resume: checkpoints restore them (rl_app.journal).
+        # Files kept across a resume: checkpoints restore them (rl_app.replay.journal).
         storage = JournaledStorage(replay.capacity, scratch_dir=scratch_dir, existsok=True)
     sequence = None
     if replay.sampler == "prioritized_sequence":
@@ -215,7 +215,7 @@ def sample_batches(
     complete: Callable[[TensorDictBase], TensorDictBase] | None = None,
 ) -> list[TensorDictBase]:
     """``count`` batches of ``batch_size`` for as many updates, drawn in one sampler call,
-    given what is not stored by ``complete`` (if given: :func:`rl_app.frames.stack_frames`
+    given what is not stored by ``complete`` (if given: :func:`rl_app.replay.frames.stack_frames`
     rebuilds frame stacks) and moved to ``device`` at once: ``[slices, slice_len]`` steps
     (time last) from a slice
     sampler, ``[batch_size / slice_len, burn_in + slice_len]`` from the sequence sampler

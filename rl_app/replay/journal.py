@@ -42,7 +42,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyMemmapStorage, TensorDictReplayBuffer, TensorStorage
 
-from rl_app.upstream import (
+from rl_app.upstream.torchrl import (
     load_sampler_state,
     replay_generator,
     sampler_state,

@@ -4,12 +4,12 @@ the learner's weights reach it.
 Four topologies, all TorchRL collectors the loop iterates the same way:
 - ``direct``: one env stepped in the learner's process, acting with the learner's policy
   (built here);
-- ``sync`` / ``async``: worker processes (:mod:`rl_app.scale.workers`);
+- ``sync`` / ``async``: worker processes (:mod:`rl_app.collection.workers`);
 - ``distributed``: SLURM jobs, each batch gathered from every job
-  (:mod:`rl_app.scale.distributed`).
+  (:mod:`rl_app.collection.distributed`).
 Worker processes and jobs build env and policy from picklable factories and act with a
 snapshot of the learner's weights that changes only when :class:`WeightSync` pushes one. A
-reader of direct mode needs nothing from ``rl_app/scale``.
+reader of direct mode needs neither.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from torchrl.collectors import BaseCollector, Collector
 from rl_app.algorithms import Algorithm
 from rl_app.config import Config
 from rl_app.envs import ReplayableReset, env_factory
-from rl_app.upstream import gymnasium_env
+from rl_app.upstream.torchrl import gymnasium_env
 
 
 @dataclass(frozen=True)
@@ -77,10 +77,10 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
         )
     # The one door to scale-out: imported only when a run asks for that mode.
     if settings.mode == "distributed":
-        from rl_app.scale.distributed import make_collection_jobs
+        from rl_app.collection.distributed import make_collection_jobs
 
         return make_collection_jobs(config, algorithm.policy_factory(), devices)
-    from rl_app.scale.workers import make_worker_collector
+    from rl_app.collection.workers import make_worker_collector
 
     return make_worker_collector(config, algorithm.policy_factory(), common)
 

@@ -34,9 +34,9 @@ from torchrl.collectors import Collector
 
 from rl_app.config import Config
 from rl_app.envs import env_factory, worker_seed
+from rl_app.launch.cluster import JOB_DIR, collection_job_settings, make_executor
 from rl_app.replay import TRAJECTORY_KEY
-from rl_app.scale.cluster import JOB_DIR, collection_job_settings, make_executor
-from rl_app.upstream import (
+from rl_app.upstream.torchrl import (
     ExecutorDistributedCollector,
     undo_trajectory_id_shifts,
     weight_sync_kept_open,

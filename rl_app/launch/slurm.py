@@ -2,7 +2,7 @@
 
 The validated config becomes one job, or one job array with ``slurm.array=KEY=V1,V2,...``
 (a run directory per value); the cluster settings are checked first
-(:mod:`rl_app.scale.cluster`). Each job runs :class:`rl_app.scale.job.TrainJob`.
+(:mod:`rl_app.launch.cluster`). Each job runs :class:`rl_app.launch.job.TrainJob`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import Any
 import submitit
 
 from rl_app.config import CONFIG_FILE, Config, ConfigError, load_config, to_yaml
-from rl_app.runlock import check_run_dir_free
-from rl_app.scale.cluster import (
+from rl_app.launch.cluster import (
     JOB_DIR,
     JobSettings,
     check_cluster,
@@ -26,7 +25,8 @@ from rl_app.scale.cluster import (
     job_settings,
     make_executor,
 )
-from rl_app.scale.job import TrainJob
+from rl_app.launch.job import TrainJob
+from rl_app.runlock import check_run_dir_free
 
 # Inside the parent directory of a job array: one line per task.
 ARRAY_SUMMARY = "array.tsv"

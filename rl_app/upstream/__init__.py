@@ -1,0 +1,16 @@
+"""Every private name of a dependency, and every workaround of one of its behaviours: one
+module per library, nothing else in ``rl_app``, ``tools`` or ``tests`` reaches a private
+attribute or module of a dependency (``tests/test_layout.py`` checks it).
+
+Whoever upgrades a dependency reads its module here first. Each item says what the library
+does, what is done here instead, and names the test in ``tests/test_upstream.py`` that starts
+failing (or can be deleted) once the library changes that behaviour.
+
+- :mod:`rl_app.upstream.torchrl`: TorchRL 0.14.1 (the Gymnasium env inside a TorchRL env,
+  weight pushes to worker processes, the distributed collector on submitit, an LSTM unrolled
+  over sequences, SACLoss's lazily created buffer, lazy storages, a replay buffer's state
+  without its data, the prioritized slice sampler's padding loop, HERReplayBuffer's hooks).
+- :mod:`rl_app.upstream.torch`: torch 2.14.1's inductor (how a compiled loss is split).
+- :mod:`rl_app.upstream.tensordict`: tensordict 0.14.3 (recompiles caused by its class
+  memo, a search for pandas on every module output).
+"""
