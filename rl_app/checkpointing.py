@@ -1,8 +1,10 @@
-"""Checkpoints: what a run saves after each evaluation, how it is verified and read back.
+"""Checkpoints: what a run saves (after each evaluation, on a stop, and on a wall-clock
+cadence), how it is verified and read back.
 
 One :class:`torchrl.checkpoint.Checkpoint` binds every live object a resume needs; a
 :class:`torchrl.checkpoint.CheckpointRotation` keeps the newest ``checkpoint.keep_last``
-checkpoints plus the best one by evaluation return. Saves are staged beside the target
+checkpoints plus the best one by evaluation return (a checkpoint saved without an
+evaluation has none, and is never the best). Saves are staged beside the target
 and moved in with one rename, so a failed save leaves the previous checkpoint intact.
 
 Loads are verified first. TorchRL reads a truncated tensor file of its default directory
@@ -21,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,7 @@ from torchrl.checkpoint import (
 
 from rl_app.replay.journal import UndoJournal
 
-# The metadata key that ranks checkpoints.
+# The metadata key that ranks checkpoints; absent from one saved without an evaluation.
 EVAL_METRIC = "eval_reward"
 CHECKSUM_FILE = "SHA256SUMS.json"
 # The acting policy's own component, so that playing a run reads nothing else.
@@ -124,7 +127,7 @@ def verify_checkpoint(path: Path, components: Collection[str] | None = None) -> 
 
 
 class RunCheckpoints:
-    """The checkpoints of one run: save after an evaluation; pick and restore one."""
+    """The checkpoints of one run: save one; pick and restore one."""
 
     def __init__(
         self,
@@ -141,10 +144,15 @@ class RunCheckpoints:
         self.rotation = CheckpointRotation(
             directory, keep_last=keep_last, keep_best=(EVAL_METRIC, "max")
         )
+        self.saved_at = time.monotonic()  # of the last save, or of the run's start here
 
-    def save(self, frames: int, eval_reward: float) -> Path:
-        """Save, rotate, and return the new checkpoint's path; start its replay journal
-        and delete the journals no kept checkpoint needs.
+    def seconds_since_save(self) -> float:
+        return time.monotonic() - self.saved_at
+
+    def save(self, frames: int, eval_reward: float | None) -> Path:
+        """Save, rotate, and return the new checkpoint's path (``eval_reward``: the
+        evaluation just made, or None); start its replay journal and delete the journals
+        no kept checkpoint needs. Saving at the frames of an existing checkpoint replaces it.
 
         Raises ``OSError(ENOSPC)`` before writing anything when the disk lacks room for
         the checkpoint (as large as the last one)."""
@@ -160,9 +168,13 @@ class RunCheckpoints:
             )
         if self.journal is not None:
             self.journal.start(frames)
-        saved = self.rotation.save(
-            self.checkpoint, step=frames, metadata={EVAL_METRIC: eval_reward}
+        # Saved and pruned here rather than by rotation.save, which requires the metric.
+        metadata = {} if eval_reward is None else {EVAL_METRIC: eval_reward}
+        saved = self.checkpoint.save(
+            checkpoint_path(self.rotation.directory, frames), metadata=metadata
         )
+        self.rotation.prune()
+        self.saved_at = time.monotonic()
         self.record_best()
         if self.journal is not None:
             resumable = checkpoint_candidates(self.rotation.directory)[: self.keep_last]
@@ -223,6 +235,11 @@ def load_component(path: Path, name: str, component: Any, map_location: str = "c
 def checkpoint_candidates(directory: Path) -> list[Path]:
     """Saved checkpoints, newest first (by the frame count in their names)."""
     return sorted(directory.glob("checkpoint-*"), key=lambda path: path.name, reverse=True)
+
+
+def checkpoint_path(directory: Path, frames: int) -> Path:
+    """Where the checkpoint at ``frames`` goes (CheckpointRotation's naming)."""
+    return directory / f"checkpoint-{frames:012d}"
 
 
 def checkpoint_frames(path: Path) -> int:

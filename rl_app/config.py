@@ -291,7 +291,7 @@ class ReplayConfig:
 
 @dataclass
 class EvalConfig:
-    """Deterministic evaluation, which also drives checkpoints."""
+    """Deterministic evaluation, which also picks the best checkpoint."""
 
     interval_frames: int = setting(
         2_000, "evaluate every N collected frames", at_least=1, on_resume=True
@@ -308,11 +308,15 @@ class EvalConfig:
 
 @dataclass
 class CheckpointConfig:
-    """Checkpoints saved after each evaluation."""
+    """Checkpoints saved after each evaluation, on a stop, and every ``interval_minutes``."""
 
     keep_last: int = setting(
         2, "most recent checkpoints kept (the best is kept too)", at_least=1, on_resume=True
     )
+    interval_minutes: float = setting(
+        5.0, "also save at the first iteration boundary this long after the last save "
+        "(0: every iteration)", at_least=0, on_resume=True,
+    )  # fmt: skip
 
 
 @dataclass

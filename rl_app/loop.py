@@ -27,12 +27,12 @@ from torchrl.collectors import BaseCollector
 from torchrl.data import TensorDictReplayBuffer
 
 from rl_app.algorithms import Algorithm
-from rl_app.checkpointing import RunCheckpoints
+from rl_app.checkpointing import RunCheckpoints, checkpoint_frames
 from rl_app.collection import Devices, WeightSync, check_workers
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY
 from rl_app.evaluation import evaluate
-from rl_app.interrupts import StopRequest
+from rl_app.interrupts import Abandoned, StopRequest
 from rl_app.logger import EVAL_KEY, RunLogger
 from rl_app.replay import (
     recurrent_state_drift,
@@ -66,6 +66,8 @@ class Progress:
     evaluations: int = 0
     best_eval_reward: float = float("-inf")
     last_eval_reward: float = float("nan")
+    # The metrics row of an iteration whose evaluation a stop left owed (saved with it).
+    owed_eval: dict[str, float] | None = None
 
     def record_eval(self, eval_reward: float) -> None:
         self.evaluations += 1
@@ -152,8 +154,11 @@ def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:
         run.config, run.progress, run.algorithm, run.buffer, run.phases,
     )  # fmt: skip
     updates = updates_per_iteration(config)
-    batches = iter(run.collector)
-    with StopRequest().installed() as stop:
+    stop = StopRequest(functools.partial(unsaved_work, run))
+    with stop.installed():
+        if progress.owed_eval is not None and pay_owed_evaluation(run, stop, on_eval):
+            return summarize(run, stopped_by(run, stop))
+        batches = iter(run.collector)
         while True:
             with phases("collecting"):
                 batch = next(batches)
@@ -199,38 +204,80 @@ def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:
                 with phases("syncing weights"):
                     run.weight_sync.push()
 
-            # Decided once per iteration: a signal arriving after this point waits for the
-            # next boundary, so that a stop always evaluates and saves first.
-            stopping = progress.frames >= config.collector.total_frames or stop.requested
-            eval_due = progress.frames - progress.last_eval_frames >= config.eval.interval_frames
-            # Evaluation and videos build policy copies, whose initial weights draw from
-            # torch's generator: drawn from a fork of it, so that how often a run evaluates
-            # or films never changes what it learns.
-            if eval_due or stopping:
-                with phases("evaluating"), torch.random.fork_rng():
-                    metrics.update(evaluate(config, algorithm.policy_factory(), algorithm.policy))
-                progress.record_eval(metrics[EVAL_KEY])
-                if config.eval.video and (progress.evaluations - 1) % config.eval.video_every == 0:
-                    with phases("recording a video"), torch.random.fork_rng():
-                        record_evaluation_video(
-                            config,
-                            algorithm.policy_factory(),
-                            algorithm.policy,
-                            run.logger.backend,
-                            progress.frames,
-                        )
-            with phases("logging"):
-                run.logger.log(progress.frames, metrics)
-            if EVAL_KEY in metrics:
-                with phases("saving a checkpoint"):
-                    save_checkpoint(run, metrics[EVAL_KEY])
-                if on_eval is not None and (reason := on_eval(progress.frames, metrics[EVAL_KEY])):
-                    stop.request(reason)
-                    break
-            if stopping:
+            eval_due = (
+                progress.frames >= config.collector.total_frames
+                or progress.frames - progress.last_eval_frames >= config.eval.interval_frames
+            )
+            if end_iteration(run, metrics, eval_due, stop, on_eval):
                 break
-    # A signal that came with the last iteration stopped nothing: the run is complete.
-    return summarize(run, stop.reason if progress.frames < config.collector.total_frames else None)
+    return summarize(run, stopped_by(run, stop))
+
+
+def end_iteration(
+    run: Run, metrics: dict[str, float], eval_due: bool, stop: StopRequest, on_eval: EvalHook | None
+) -> bool:
+    """Evaluate if due, log the iteration's ``metrics``, save a checkpoint after an
+    evaluation, on a stop, or ``checkpoint.interval_minutes`` after the last save; True when
+    the run stops here.
+
+    A stop saves first: an evaluation due when it comes, or in progress, is dropped and
+    owed (``Progress.owed_eval``, the iteration's metrics row waiting with it in the
+    checkpoint), and runs first thing after the resume with the result it would have had."""
+    progress, phases = run.progress, run.phases
+    if eval_due:
+        try:
+            evaluate_iteration(run, metrics, stop)
+        except Abandoned:
+            progress.owed_eval = metrics
+    if progress.owed_eval is None:
+        with phases("logging"):
+            run.logger.log(progress.frames, metrics)
+    interval_s = 60 * run.config.checkpoint.interval_minutes
+    if stop.requested or EVAL_KEY in metrics or run.checkpoints.seconds_since_save() >= interval_s:
+        with phases("saving a checkpoint"), stop.saving():
+            save_checkpoint(run, metrics.get(EVAL_KEY))
+    if EVAL_KEY in metrics and on_eval is not None:
+        if reason := on_eval(progress.frames, metrics[EVAL_KEY]):
+            stop.request(reason)
+    return stop.requested or progress.frames >= run.config.collector.total_frames
+
+
+def evaluate_iteration(run: Run, metrics: dict[str, float], stop: StopRequest) -> None:
+    """Add the evaluation's scores to ``metrics`` (and film it, every ``eval.video_every``-th
+    time); :class:`~rl_app.interrupts.Abandoned` if a stop comes before it ends.
+
+    Evaluation and videos build policy copies, whose initial weights draw from torch's
+    generator: drawn from a fork of it, so that how often a run evaluates or films (or
+    whether a stop made it owed) never changes what it learns."""
+    config, algorithm, progress, phases = run.config, run.algorithm, run.progress, run.phases
+    with stop.abandonable():
+        with phases("evaluating"), torch.random.fork_rng():
+            scores = evaluate(config, algorithm.policy_factory(), algorithm.policy)
+        if config.eval.video and progress.evaluations % config.eval.video_every == 0:
+            with phases("recording a video"), torch.random.fork_rng():
+                record_evaluation_video(
+                    config,
+                    algorithm.policy_factory(),
+                    algorithm.policy,
+                    run.logger.backend,
+                    progress.frames,
+                )
+    metrics.update(scores)
+    progress.record_eval(scores[EVAL_KEY])
+
+
+def pay_owed_evaluation(run: Run, stop: StopRequest, on_eval: EvalHook | None) -> bool:
+    """After a resume, the evaluation a stop left owed (with its iteration's metrics row
+    and checkpoint); True when the run stops there."""
+    metrics, run.progress.owed_eval = run.progress.owed_eval, None
+    log.info("the evaluation owed at %d frames runs first", run.progress.frames)
+    return end_iteration(run, metrics, True, stop, on_eval)
+
+
+def stopped_by(run: Run, stop: StopRequest) -> str | None:
+    """What stopped the run early: none when it has its frames and owes no evaluation."""
+    complete = run.progress.frames >= run.config.collector.total_frames
+    return None if complete and run.progress.owed_eval is None else stop.reason
 
 
 def updates_per_iteration(config: Config) -> int:
@@ -267,7 +314,17 @@ def summarize(run: Run, stopped_by: str | None) -> TrainResult:
     )
 
 
-def save_checkpoint(run: Run, eval_reward: float) -> None:
+def unsaved_work(run: Run) -> str:
+    """What stopping now loses: the frames since the newest checkpoint, this iteration's."""
+    latest = run.checkpoints.latest()
+    since = checkpoint_frames(latest) if latest is not None else 0
+    return (
+        f"the {run.progress.frames - since} frames since "
+        f"{latest.name if latest is not None else 'the start'} and the iteration in progress"
+    )
+
+
+def save_checkpoint(run: Run, eval_reward: float | None) -> None:
     # Saving asks worker processes for their state: a stopped worker is the error to report.
     check_workers(run.collector, run.config.env.name)
     try:

@@ -198,7 +198,8 @@ def train_locked(config: Config, run_dir: Path, on_eval: EvalHook | None) -> Tra
             run.checkpoints.record_best()  # a fallback may have set the best one aside
             run.logger.rewind(run.progress.frames)
             log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
-            if run.progress.frames >= config.collector.total_frames:
+            done = run.progress.frames >= config.collector.total_frames
+            if done and run.progress.owed_eval is None:  # (an owed evaluation runs first)
                 log.info("the run already has its %d frames", config.collector.total_frames)
                 return summarize(run, stopped_by=None)
         return run_iterations(run, on_eval)

@@ -1,0 +1,42 @@
+"""A real Gymnasium environment whose evaluation copies are slow, for the tests of stops
+during a long evaluation.
+
+Registered as ``rl_app_test/SlowEvalPendulum-v0`` when this module is imported. A copy
+seeded as evaluation envs are (``seed + EVAL_SEED_OFFSET``) sleeps
+``RL_APP_TEST_EVAL_STEP_S`` seconds (environment variable; 0 if unset) in each step;
+training envs never do."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+from rl_app.envs import EVAL_SEED_OFFSET
+
+STEP_SECONDS_VARIABLE = "RL_APP_TEST_EVAL_STEP_S"
+
+
+class SlowEvalPendulum(PendulumEnv):
+    """Pendulum, slow in every step of a copy seeded for evaluation."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.step_seconds = 0.0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        if seed is not None:  # the seeding reset tells an evaluation copy apart
+            evaluating = seed >= EVAL_SEED_OFFSET
+            self.step_seconds = float(os.environ.get(STEP_SECONDS_VARIABLE, 0)) * evaluating
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        time.sleep(self.step_seconds)
+        return super().step(action)
+
+
+SLOW_EVAL_PENDULUM = "rl_app_test/SlowEvalPendulum-v0"
+if SLOW_EVAL_PENDULUM not in gym.envs.registry:
+    gym.register(SLOW_EVAL_PENDULUM, entry_point=SlowEvalPendulum, max_episode_steps=200)
