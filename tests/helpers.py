@@ -17,12 +17,12 @@ from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
-from rl_app.checkpointing import choose_checkpoint
+from rl_app.checkpointing import choose_checkpoint, load_component
 from rl_app.collection import WeightSync
 from rl_app.config import Config, EnvConfig
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
-from rl_app.loop import Run, run_iterations
+from rl_app.loop import Progress, Run, run_iterations
 from rl_app.run import build_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,3 +255,10 @@ def assert_same_run(alone: tuple, resumed: tuple) -> None:
     assert [strip_wall_time(row) for row in alone[2]] == [
         strip_wall_time(row) for row in resumed[2]
     ]
+
+
+def saved_progress(checkpoint: Path) -> Progress:
+    """The counters (and any owed evaluation) the checkpoint at ``checkpoint`` holds."""
+    progress = Progress()
+    load_component(checkpoint, "progress", progress)
+    return progress

@@ -17,6 +17,9 @@ from gymnasium.envs.classic_control.pendulum import PendulumEnv
 from rl_app.envs import EVAL_SEED_OFFSET
 
 STEP_SECONDS_VARIABLE = "RL_APP_TEST_EVAL_STEP_S"
+# With TINY_RUN's evaluations of 2 episodes of 200 steps: 20 s each, where one training
+# iteration takes well under a second.
+SLOW_STEP_S = "0.05"
 
 
 class SlowEvalPendulum(PendulumEnv):
@@ -40,3 +43,4 @@ class SlowEvalPendulum(PendulumEnv):
 SLOW_EVAL_PENDULUM = "rl_app_test/SlowEvalPendulum-v0"
 if SLOW_EVAL_PENDULUM not in gym.envs.registry:
     gym.register(SLOW_EVAL_PENDULUM, entry_point=SlowEvalPendulum, max_episode_steps=200)
+SLOW_EVAL = [f"env.name=tests.slow_eval_envs:{SLOW_EVAL_PENDULUM}"]  # the override

@@ -20,6 +20,7 @@ import pytest
 from rl_app.launch.job import read_attempts
 from rl_app.launch.slurm import read_array_summary
 from rl_app.logger import read_metrics
+from rl_app.run import train
 from tests.helpers import (
     FINAL_STATES,
     PYTHON,
@@ -28,8 +29,11 @@ from tests.helpers import (
     TRAIN_PY,
     hold_lock_in_another_process,
     job_state,
+    saved_progress,
+    strip_wall_time,
     wait_for,
 )
+from tests.slow_eval_envs import SLOW_EVAL, SLOW_STEP_S, STEP_SECONDS_VARIABLE
 
 pytestmark = pytest.mark.slurm
 
@@ -123,12 +127,12 @@ def preempt(job_id: str, run_dir: Path, restart_count: int) -> tuple[int, float]
     (stop,) = wait_for(
         "the job to save and stop", lambda: events(run_dir, "preempted", restart_count), 60
     )
-    # Saved at an iteration boundary: whole batches, evaluated and checkpointed right there.
+    # Saved at an iteration boundary: whole batches, checkpointed right there, logged up to
+    # it (an evaluation due there is owed, with its row, to the requeued job).
     frames = stop["frames"]
     assert stop["requeued"] and frames % 200 == 0
     assert (run_dir / "checkpoints" / f"checkpoint-{frames:012d}").is_dir()
-    assert "eval/return" in read_metrics(run_dir)[-1]
-    assert read_metrics(run_dir)[-1]["frames"] == frames
+    assert read_metrics(run_dir)[-1]["frames"] in (frames, frames - 200)
 
     (start,) = wait_for(
         "the requeued job to start", lambda: events(run_dir, "start", restart_count + 1), 90
@@ -172,6 +176,32 @@ def test_usr2_twice_saves_at_a_boundary_requeues_and_resumes_exactly(
     wandb_runs = list((run_dir / "logs" / "wandb").glob("offline-run-*"))
     assert len(wandb_runs) == 3
     assert len({path.name.rsplit("-", 1)[1] for path in wandb_runs}) == 1
+
+
+def test_usr2_during_a_slow_evaluation_saves_at_once_and_the_requeued_job_pays_it(
+    launch, tiny_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    monkeypatch.setenv(STEP_SECONDS_VARIABLE, SLOW_STEP_S)  # sbatch hands it to the job
+    (job_id,) = launch(run_dir, *SLOW_EVAL)
+    monkeypatch.delenv(STEP_SECONDS_VARIABLE)
+    # Iteration 1 is logged: USR2 comes in iteration 2, whose 20 s evaluation is due.
+    wait_for("the first iteration", lambda: safe_metrics(run_dir), 120, job_id)
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    (stop,) = wait_for("the job to save and stop", lambda: events(run_dir, "preempted", 0), 60)
+    assert stop["frames"] == 400 and stop["requeued"]
+    owed = saved_progress(run_dir / "checkpoints" / "checkpoint-000000000400").owed_eval
+    assert owed is not None and owed["iteration"] == 2
+    assert wait_until_done(job_id, timeout=240) == "COMPLETED"
+
+    (start,) = events(run_dir, "start", restart_count=1)
+    assert start["resumed_from_frames"] == 400
+    rows = assert_frames_continuous(run_dir, 200, 1200)
+    alone = tiny_config(*SLOW_EVAL, f"threads={start['threads']}", run_dir=tmp_path / "alone")
+    train(alone)
+    assert [strip_wall_time(row) for row in rows] == [
+        strip_wall_time(row) for row in read_metrics(tmp_path / "alone")
+    ]  # the owed evaluation's row included
 
 
 def test_a_preempted_learner_ends_its_collection_job_and_resumes_with_a_fresh_one(

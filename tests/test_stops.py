@@ -12,32 +12,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_app.checkpointing import checkpoint_candidates, load_component, recorded_best
+from rl_app.checkpointing import checkpoint_candidates, recorded_best
 from rl_app.interrupts import Abandoned, StopRequest
 from rl_app.logger import EVAL_KEY, read_metrics
-from rl_app.loop import Progress
 from tests.helpers import (
     PYTHON,
     TINY_RUN,
     TRAIN_PY,
     assert_same_run,
     resume_in_process,
+    saved_progress,
     strip_wall_time,
     train_in_process,
     wait_for,
 )
-from tests.slow_eval_envs import SLOW_EVAL_PENDULUM, STEP_SECONDS_VARIABLE
-
-# Evaluations of 2 episodes of 200 steps; at this many seconds a step, 20 s each, where
-# one training iteration takes well under a second.
-SLOW_STEP_S = "0.05"
-SLOW_EVAL = [f"env.name=tests.slow_eval_envs:{SLOW_EVAL_PENDULUM}"]
-
-
-def saved_progress(checkpoint: Path) -> Progress:
-    progress = Progress()
-    load_component(checkpoint, "progress", progress)
-    return progress
+from tests.slow_eval_envs import SLOW_EVAL, SLOW_STEP_S, STEP_SECONDS_VARIABLE
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
