@@ -4,8 +4,9 @@ from its newest good checkpoint), then tells the story of one iteration, again a
     collect -> extend -> sample -> update -> priorities (-> recurrent states)
             -> weight sync -> evaluate -> log -> checkpoint
 
-Metrics are logged before the checkpoint that covers them: a run resumed from that
-checkpoint then neither repeats nor misses a row.
+Metrics are logged before the checkpoint that covers them (or, when a stop left the
+iteration's evaluation owed, held in it until that evaluation runs after the resume): a run
+resumed from that checkpoint then neither repeats nor misses a row.
 """
 
 from __future__ import annotations
