@@ -118,8 +118,6 @@ def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
     assert len(preempted) == 1 and preempted[0]["requeued"]
     frames = preempted[0]["frames"]
     assert 0 < frames < 1200 and frames % 200 == 0
-    # Evaluated and checkpointed right at that boundary (the resume below started there).
-    assert "eval/return" in next(row for row in read_metrics(first) if row["frames"] == frames)
     assert trial_attempts(first) == [
         ("start", preempted_job, 0), ("preempted", preempted_job, 0),
         ("start", preempted_job, 1), ("finished", preempted_job, 1),
