@@ -62,7 +62,8 @@ from rl_app.replay.journal import (
     restorable_from,
 )
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
-from rl_app.upstream.tensordict import skip_pandas_lookups
+from rl_app.upstream.tensordict import ignore_inline_modules_deprecation, skip_pandas_lookups
+from rl_app.upstream.torch import quiet_cuda_home_warning
 
 log = logging.getLogger("rl_app")
 
@@ -120,6 +121,10 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     """Create every part of the run, each from its factory, in a prepared run directory."""
     run_dir = Path(config.run_dir)
     skip_pandas_lookups()  # every env step and eager update runs faster (rl_app.upstream)
+    # A log shows the project's own lines unless something is wrong (rl_app.upstream).
+    ignore_inline_modules_deprecation()
+    quiet_cuda_home_warning()
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # it logs each storage it lays out
     keep_freed_memory()
     prepare_run_dir(run_dir, resuming)
     (run_dir / CONFIG_FILE).write_text(to_yaml(config))

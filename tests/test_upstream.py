@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,12 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 from rl_app.algorithms import make_algorithm
 from rl_app.config import EnvConfig, load_config
 from rl_app.envs import ReplayableReset, env_factory, make_env
-from rl_app.upstream.tensordict import TENSORCLASS_MEMO, without_tensorclass_memo_guards
-from rl_app.upstream.torch import EAGER_SPLIT
+from rl_app.upstream.tensordict import (
+    INLINE_MODULES_WARNING,
+    TENSORCLASS_MEMO,
+    without_tensorclass_memo_guards,
+)
+from rl_app.upstream.torch import CPP_EXTENSION_LOGGER, EAGER_SPLIT
 from rl_app.upstream.torchrl import (
     GuardedWeightSyncScheme,
     HindsightReplayBuffer,
@@ -390,3 +396,23 @@ def test_her_still_draws_a_goal_per_step_of_a_slice() -> None:
     slice_end[:, -1] = True
     assert torch.equal(sample["next", "done"], slice_end | reached(sample))
     assert not reached(kept).any()
+
+
+def test_tensordict_still_reads_the_deprecated_inline_setting() -> None:
+    # rl_app.upstream.tensordict.ignore_inline_modules_deprecation
+    assert "inline_inbuilt_nn_modules" in inspect.getsource(tensordict_utils)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch._dynamo.config.inline_inbuilt_nn_modules  # noqa: B018 (reading it warns)
+    assert any(
+        issubclass(w.category, FutureWarning) and re.match(INLINE_MODULES_WARNING, str(w.message))
+        for w in caught
+    )
+
+
+def test_torch_still_warns_about_cuda_home_without_cuda() -> None:
+    # rl_app.upstream.torch.quiet_cuda_home_warning
+    from torch.utils import cpp_extension
+
+    assert cpp_extension.logger.name == CPP_EXTENSION_LOGGER
+    assert "No CUDA runtime is found" in inspect.getsource(cpp_extension)

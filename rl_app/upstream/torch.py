@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch._inductor.custom_graph_pass import CustomPartitionerFn, get_hash_for_files
 
-# -- 5. how inductor splits a compiled loss ------------------------------------------------
+# -- 1. how inductor splits a compiled loss ------------------------------------------------
 
 
 class SaveAsEagerDoes(CustomPartitionerFn):
@@ -41,3 +42,19 @@ class SaveAsEagerDoes(CustomPartitionerFn):
 # Q-layer's weight gradient of SAC came out wrong). Test:
 # ``test_the_eager_split_still_needs_inplace_buffers_off``.
 EAGER_SPLIT = {"custom_partitioner_fn": SaveAsEagerDoes(), "inplace_buffers": False}
+
+
+# -- 2. a CUDA warning on machines without CUDA ---------------------------------------------
+
+# The logger of torch.utils.cpp_extension, which a compile imports.
+CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
+
+
+def quiet_cuda_home_warning() -> None:
+    """On a machine without a CUDA runtime, keep torch's C++-extension module from logging
+    "No CUDA runtime is found, using CUDA_HOME=..." when a compile first imports it: a
+    CPU run needs no CUDA, and the line reads like a fault. Raised to errors only where
+    CUDA is absent, so a GPU machine still logs its own warnings. Test:
+    ``test_torch_still_warns_about_cuda_home_without_cuda``."""
+    if not torch.cuda.is_available():
+        logging.getLogger(CPP_EXTENSION_LOGGER).setLevel(logging.ERROR)
