@@ -435,7 +435,8 @@ def run_trial(
 ) -> TrainResult | None:
     """Train one trial and tell the study how it ended; returns the result of a trial a
     signal stopped early (it stays RUNNING, to resume), or None."""
-    from rl_app import loop  # torch and TorchRL: in workers only
+    from rl_app import run  # torch and TorchRL: in workers only
+    from rl_app.loop import RunFailed
 
     def report(frames: int, eval_return: float) -> str | None:
         trial.report(eval_return, step=frames)
@@ -443,8 +444,8 @@ def run_trial(
 
     print(f"trial {trial.number}: {trial.params}", flush=True)
     try:
-        result = (train or loop.train)(trial_config(sweep, trial), on_eval=report)
-    except (ConfigError, loop.RunFailed) as error:
+        result = (train or run.train)(trial_config(sweep, trial), on_eval=report)
+    except (ConfigError, RunFailed) as error:
         trial.set_user_attr("error", str(error))
         study.tell(trial, state=TrialState.FAIL)
         print(f"trial {trial.number} failed: {error}", flush=True)
