@@ -79,6 +79,7 @@ from rl_app.config import (
     to_yaml,
 )
 from rl_app.runlock import RunDirBusy, acquire
+from rl_app.upstream.optuna import resumed_trial
 
 if TYPE_CHECKING:  # torch and TorchRL: imported in workers only
     from rl_app.loop import TrainResult
@@ -396,8 +397,7 @@ def claim_next(study: optuna.Study, sweep: Sweep) -> tuple[Trial, FileLock] | No
         trials = study.get_trials(deepcopy=False)
         for frozen in trials:
             if frozen.state == TrialState.RUNNING and (claim := try_claim(sweep, frozen.number)):
-                # Optuna builds a Trial from its storage id, which FrozenTrial keeps private.
-                return Trial(study, frozen._trial_id), claim
+                return resumed_trial(study, frozen), claim
         if len(trials) >= sweep.settings.trials:
             return None
         # Seeded per trial: workers started together still draw different settings.

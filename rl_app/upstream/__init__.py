@@ -13,4 +13,8 @@ failing (or can be deleted) once the library changes that behaviour.
 - :mod:`rl_app.upstream.torch`: torch 2.14.1's inductor (how a compiled loss is split).
 - :mod:`rl_app.upstream.tensordict`: tensordict 0.14.3 (recompiles caused by its class
   memo, a search for pandas on every module output).
+- :mod:`rl_app.upstream.optuna`: Optuna 5.0.0 (a stored trial taken up again).
+- :mod:`rl_app.upstream.glibc`: glibc's malloc (freed memory kept for reuse).
+- :mod:`rl_app.upstream.pytest`: pytest 9.2.0 with pytest-xdist 3.8.0 (tests grouped onto
+  one worker); only the test suite imports it.
 """
