@@ -14,7 +14,7 @@ PACKAGE = ROOT / "rl_app"
 SCALE = ("rl_app.collection.workers", "rl_app.collection.distributed", "rl_app.launch")
 # The places the core hands work to scale-out code, importing it only when asked to: a
 # collection mode to its backend, and a sweep with ``launcher: slurm`` to the SLURM launcher.
-DOORS = (("rl_app.collection", "make_collector"), ("rl_app.sweep", "submit_to_slurm"))
+DOORS = (("rl_app.collection", "make_collector"), ("rl_app.sweep.worker", "submit_to_slurm"))
 
 
 def module_name(path: Path) -> str:
