@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_app.compare import markdown_table, plot_comparison, read_run, summarize_group
+from rl_app.compare import groups_table, plot_comparison, read_run, summarize_group
 from rl_app.config import load_config, to_yaml
 from tools.results import store_summaries
 
@@ -36,7 +36,7 @@ def test_the_summary_takes_each_runs_last_evaluation(tmp_path: Path) -> None:
     assert summary.best_eval_returns == [-150.0, -100.0]
     assert summary.frames == 3000 and summary.wall_seconds == [60.0, 120.0]
 
-    table = markdown_table([summary])
+    table = groups_table([summary])
     assert "| `default` | 2 | 3,000 | -200.0 ± 70.7 | -125.0 ± 35.4 | 1.5 min |" in table
     assert pytest.approx(summary.curve_mean) == [-850.0, -200.0, -200.0]
     plot_comparison([summary], tmp_path / "curves.png")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from rl_app.compare import (
     GroupSummary,
-    markdown_table,
+    groups_table,
     plot_comparison,
     read_run,
     summarize_group,
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> int:
             train(load_config(preset, settings))
         measured[name] = summarize_group(name, [read_run(run) for run in runs])
     every_entry = list(store_summaries(args.store, measured).values())
-    table = markdown_table(every_entry)
+    table = groups_table(every_entry)
     (args.root / "results.md").write_text(table)
     args.figure.parent.mkdir(parents=True, exist_ok=True)
     plot_comparison(every_entry, args.figure)
