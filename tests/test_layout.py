@@ -102,6 +102,19 @@ def test_the_loop_knows_no_algorithm_and_the_trainer_no_tool() -> None:
         assert "from tools" not in path.read_text(), path
 
 
+# What tools take from the loop: the types of what rl_app.run's train and build_run return,
+# and its rule for the updates each batch gets; never its steps, nor its phase names.
+TOOLS_FROM_THE_LOOP = {"Run", "TrainResult", "updates_per_iteration"}
+
+
+def test_tools_take_from_the_loop_only_what_it_offers_them() -> None:
+    for path in (ROOT / "tools").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "rl_app.loop":
+                names = {alias.name for alias in node.names}
+                assert names <= TOOLS_FROM_THE_LOOP, f"{path}: {names - TOOLS_FROM_THE_LOOP}"
+
+
 def test_a_direct_run_loads_no_scale_out_module(tmp_path: Path) -> None:
     program = f"""
 import sys, torch

@@ -18,7 +18,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 from tensordict import utils as tensordict_utils
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn import TensorDictModule, TensorDictParams, TensorDictSequential
+from torch.utils.flop_counter import FlopCounterMode
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
@@ -41,7 +42,7 @@ from rl_app.envs import ReplayableReset, env_factory, make_env
 from rl_app.upstream.optuna import resumed_trial
 from rl_app.upstream.pytest import send_to_group
 from rl_app.upstream.tensordict import TENSORCLASS_MEMO, without_tensorclass_memo_guards
-from rl_app.upstream.torch import EAGER_SPLIT
+from rl_app.upstream.torch import EAGER_SPLIT, MatmulFlops
 from rl_app.upstream.torchrl import (
     GuardedWeightSyncScheme,
     HindsightReplayBuffer,
@@ -456,3 +457,24 @@ def test_xdist_groups_still_write_a_node_id_pytest_does_not_read(request) -> Non
     assert item.nodeid == plain
     send_to_group(item, "grouped")
     assert item.nodeid == f"{plain}@grouped"
+
+
+class HoldsTensorDictParams(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.params = TensorDictParams(TensorDict({"weight": torch.ones(3, 4)}, []))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.params["weight"]
+
+
+def test_flop_counter_mode_still_fails_on_a_module_holding_tensordict_params() -> None:
+    module, x = HoldsTensorDictParams(), torch.ones(2, 3)
+    with pytest.raises(RuntimeError, match="tensordict to boolean"):
+        with FlopCounterMode(display=False):
+            module(x)
+            module(x)
+    with MatmulFlops() as counter:
+        module(x)
+        module(x)
+    assert counter.flops == 2 * (2 * 2 * 3 * 4)  # two (2, 3) @ (3, 4) products

@@ -10,7 +10,8 @@ failing (or can be deleted) once the library changes that behaviour.
   weight pushes to worker processes, the distributed collector on submitit, an LSTM unrolled
   over sequences, SACLoss's lazily created buffer, lazy storages, a replay buffer's state
   without its data, the prioritized slice sampler's padding loop, HERReplayBuffer's hooks).
-- :mod:`rl_app.upstream.torch`: torch 2.14.1's inductor (how a compiled loss is split).
+- :mod:`rl_app.upstream.torch`: torch 2.14.1 (how inductor splits a compiled loss, FLOPs
+  counted as they run).
 - :mod:`rl_app.upstream.tensordict`: tensordict 0.14.3 (recompiles caused by its class
   memo, a search for pandas on every module output).
 - :mod:`rl_app.upstream.optuna`: Optuna 5.0.0 (a stored trial taken up again).
