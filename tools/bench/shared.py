@@ -1,4 +1,4 @@
-"""What several benchmarks share: the run they start from, random play, a timer."""
+"""What several benchmarks share: the run they start from, random play, timers."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from torchrl.collectors import Collector
 from torchrl.envs import EnvBase
 from torchrl.envs.utils import RandomPolicy
 
+# The run the sections start from: the default preset shortened to BENCH_FRAMES frames
+# (unless ``collector.total_frames=`` is given), with a 1e6-capacity memmap buffer.
 BENCH_FRAMES = 6_000
 BENCH_CAPACITY = 1_000_000
 
