@@ -94,8 +94,8 @@ class TrainResult:
     seconds_per_phase: dict[str, float]
 
 
-# The phases of an iteration, in order: wall time is kept per phase (``make bench`` reads
-# these names), and an error message names the phase it happened in.
+# The phases of an iteration, in order: wall time is kept per phase (a run's result holds
+# it: ``TrainResult.seconds_per_phase``), and an error message names the phase it happened in.
 PHASES = (
     "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
     "refreshing recurrent states", "checking metrics", "syncing weights", "evaluating",

@@ -1,7 +1,8 @@
-"""TorchRL 0.14.1 (and torch 2.14.1) behaviours that rl_app/upstream/ works around, checked
-on the installed versions. A failure here after an upgrade means one of them changed (or
-fixed) that behaviour: revisit the workaround named in the test, and drop it where it is no
-longer needed."""
+"""The dependencies' behaviours that rl_app/upstream/ works around (TorchRL 0.14.1, torch
+2.14.1, tensordict 0.14.3, Optuna 5.0.0, glibc's malloc, pytest 9.2.0 with pytest-xdist
+3.8.0), checked on the installed versions. A failure here after an upgrade means one of
+them changed (or fixed) that behaviour: revisit the workaround named in the test, and drop
+it where it is no longer needed."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ import functools
 import importlib.util
 import inspect
 import re
+import subprocess
 import warnings
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import torch
 from tensordict import TensorDict
 from tensordict import utils as tensordict_utils
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn import TensorDictModule, TensorDictParams, TensorDictSequential
+from torch.utils.flop_counter import FlopCounterMode
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
@@ -32,16 +36,19 @@ from torchrl.data import (
 from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.weight_update import MultiProcessWeightSyncScheme
+from xdist.remote import WorkerInteractor
 
 from rl_app.algorithms import make_algorithm
 from rl_app.config import EnvConfig, load_config
 from rl_app.envs import ReplayableReset, env_factory, make_env
+from rl_app.upstream.optuna import resumed_trial
+from rl_app.upstream.pytest import send_to_group
 from rl_app.upstream.tensordict import (
     INLINE_MODULES_WARNING,
     TENSORCLASS_MEMO,
     without_tensorclass_memo_guards,
 )
-from rl_app.upstream.torch import CPP_EXTENSION_LOGGER, EAGER_SPLIT
+from rl_app.upstream.torch import CPP_EXTENSION_LOGGER, EAGER_SPLIT, MatmulFlops
 from rl_app.upstream.torchrl import (
     GuardedWeightSyncScheme,
     HindsightReplayBuffer,
@@ -56,6 +63,7 @@ from rl_app.upstream.torchrl import (
     unrolling_view,
 )
 from tests import faulty_envs
+from tests.helpers import PYTHON, ROOT
 from tests.test_her_upstream import SLICE_LEN, UNREACHED, episode, slice_sampler
 
 
@@ -416,3 +424,83 @@ def test_torch_still_warns_about_cuda_home_without_cuda() -> None:
 
     assert cpp_extension.logger.name == CPP_EXTENSION_LOGGER
     assert "No CUDA runtime is found" in inspect.getsource(cpp_extension)
+
+
+def test_a_frozen_trial_keeps_its_storage_id_private() -> None:
+    study = optuna.create_study()
+    study.ask()
+    (frozen,) = study.get_trials()
+    assert not any("id" in name for name in dir(frozen) if not name.startswith("_"))
+    resumed = resumed_trial(study, frozen)
+    resumed.report(1.0, step=10)
+    study.tell(resumed, 2.0)
+    (done,) = study.get_trials()
+    assert done.state.name == "COMPLETE" and done.value == 2.0
+    assert done.intermediate_values == {10: 1.0}
+
+
+# How much more anonymous memory the process holds after a 64 MiB block (over malloc's
+# default 128 kB threshold) is written and freed; with ``kept``, after keep_freed_memory.
+FREED_BLOCK = """
+import ctypes, sys
+from rl_app.upstream.glibc import keep_freed_memory
+if sys.argv[1] == "kept":
+    keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss_anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+size = 64 << 20
+before = rss_anon()
+block = libc.malloc(size)
+ctypes.memset(block, 1, size)
+libc.free(block)
+print(rss_anon() - before)
+"""
+
+
+def held_after_free(mode: str) -> int:
+    done = subprocess.run(
+        [PYTHON, "-c", FREED_BLOCK, mode], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+def test_glibc_still_returns_a_freed_large_block_to_the_system() -> None:
+    assert held_after_free("default") < 8 << 20
+    assert held_after_free("kept") > 56 << 20
+
+
+def test_xdist_groups_still_write_a_node_id_pytest_does_not_read(request) -> None:
+    assert "item._nodeid = " in inspect.getsource(WorkerInteractor.pytest_collection_modifyitems)
+    item = pytest.Function.from_parent(request.node.parent, name=request.node.name)
+    plain = item.nodeid
+    item._nodeid = f"{plain}@grouped"  # what the xdist_group marker does
+    assert item.nodeid == plain
+    send_to_group(item, "grouped")
+    assert item.nodeid == f"{plain}@grouped"
+
+
+class HoldsTensorDictParams(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.params = TensorDictParams(TensorDict({"weight": torch.ones(3, 4)}, []))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.params["weight"]
+
+
+def test_flop_counter_mode_still_fails_on_a_module_holding_tensordict_params() -> None:
+    module, x = HoldsTensorDictParams(), torch.ones(2, 3)
+    with pytest.raises(RuntimeError, match="tensordict to boolean"):
+        with FlopCounterMode(display=False):
+            module(x)
+            module(x)
+    with MatmulFlops() as counter:
+        module(x)
+        module(x)
+    assert counter.flops == 2 * (2 * 2 * 3 * 4)  # two (2, 3) @ (3, 4) products

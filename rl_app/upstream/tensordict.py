@@ -1,5 +1,5 @@
-"""tensordict 0.14.3: recompiles caused by its class memo, and a search for pandas on every
-module output (the index is in :mod:`rl_app.upstream`)."""
+"""tensordict 0.14.3: recompiles caused by its class memo, a search for pandas on every
+module output, and a deprecation warning it triggers (the index is in :mod:`rl_app.upstream`)."""
 
 from __future__ import annotations
 
