@@ -46,6 +46,7 @@ from rl_app.collection import (
     check_workers,
     decide_devices,
     make_collector,
+    naming_dead_workers,
 )
 from rl_app.config import (
     CHECKPOINTS_DIR,
@@ -364,7 +365,7 @@ def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:
     batches = iter(run.collector)
     with StopRequest().installed() as stop:
         while True:
-            with phases("collecting"):
+            with phases("collecting"), naming_dead_workers(run.collector, config.env.name):
                 batch = next(batches)
             check_workers(run.collector, config.env.name)
             progress.frames += batch.numel()
