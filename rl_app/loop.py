@@ -28,7 +28,7 @@ from torchrl.data import TensorDictReplayBuffer
 
 from rl_app.algorithms import Algorithm
 from rl_app.checkpointing import RunCheckpoints
-from rl_app.collection import Devices, WeightSync, check_workers
+from rl_app.collection import Devices, WeightSync, check_workers, naming_dead_workers
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY
 from rl_app.evaluation import evaluate
@@ -155,7 +155,7 @@ def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:
     batches = iter(run.collector)
     with StopRequest().installed() as stop:
         while True:
-            with phases("collecting"):
+            with phases("collecting"), naming_dead_workers(run.collector, config.env.name):
                 batch = next(batches)
             check_workers(run.collector, config.env.name)
             progress.frames += batch.numel()

@@ -119,9 +119,11 @@ def test_distributed_shutdown_still_closes_the_weight_store_itself() -> None:
     assert "_weight_sync_schemes" in inspect.getsource(DistributedCollector.shutdown)
 
 
-def test_async_collector_raises_naming_a_worker_that_failed() -> None:
+def test_async_collector_names_a_dead_worker_or_fails_to_close_another() -> None:
     # In 0.14.1 TorchRL notices a dead worker at its next batch (earlier versions went on
-    # with the others); rl_app checks before each push and checkpoint all the same.
+    # with the others); rl_app checks before each push and checkpoint all the same. It then
+    # terminates the other workers and closes them 0.1 s later: one still exiting makes it
+    # raise a ValueError instead, which rl_app.collection.naming_dead_workers names.
     env = EnvConfig(name=f"tests.faulty_envs:{faulty_envs.RAISES_AT_1100}")
     spec_env = make_env(env, seed=0)
     collector = Collector(
@@ -133,7 +135,8 @@ def test_async_collector_raises_naming_a_worker_that_failed() -> None:
         total_frames=-1,
     )
     try:
-        with pytest.raises(RuntimeError, match=r"process failed: worker \d"):
+        failed = r"process failed: worker \d|Cannot close a process while it is still running"
+        with pytest.raises((RuntimeError, ValueError), match=failed):
             for _ in collector:
                 pass
     finally:
