@@ -184,8 +184,9 @@ def success_cell(rates: Sequence[float]) -> str:
     return mean_std(rates, percent=True) if rates else "-"  # "-": not a goal env
 
 
-def markdown_table(summaries: Sequence[GroupSummary]) -> str:
-    """One row per group; success-rate columns when a group is in a goal env."""
+def groups_table(summaries: Sequence[GroupSummary]) -> str:
+    """The groups as a Markdown table, one row each: returns (and success rates, when a
+    group is in a goal env) over its seeds, frames and wall time."""
     goals = any(group.final_success_rates for group in summaries)
     success_header = "final success (mean ± std) | best success (mean ± std) | " if goals else ""
     lines = [
@@ -241,7 +242,7 @@ def compare(paths: Sequence[Path], out: Path) -> tuple[list[GroupSummary], list[
     summaries = [summarize_group(label, group) for label, group in group_runs(runs).items()]
     out.mkdir(parents=True, exist_ok=True)
     plot_comparison(summaries, out / FIGURE_FILE)
-    (out / TABLE_FILE).write_text(markdown_table(summaries))
+    (out / TABLE_FILE).write_text(groups_table(summaries))
     return summaries, skipped
 
 
@@ -258,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for why in skipped:
         print(f"skipped {why}", file=sys.stderr)
-    print(markdown_table(summaries), end="")
+    print(groups_table(summaries), end="")
     print(f"figure: {out / FIGURE_FILE}\ntable: {out / TABLE_FILE}")
     return 0
 

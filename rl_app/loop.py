@@ -29,7 +29,7 @@ from torchrl.data import TensorDictReplayBuffer
 
 from rl_app.algorithms import Algorithm
 from rl_app.checkpointing import RunCheckpoints, checkpoint_frames
-from rl_app.collection import Devices, WeightSync, check_workers
+from rl_app.collection import Devices, WeightSync, check_workers, naming_dead_workers
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY
 from rl_app.evaluation import evaluate
@@ -97,8 +97,8 @@ class TrainResult:
     seconds_per_phase: dict[str, float]
 
 
-# The phases of an iteration, in order: wall time is kept per phase (``make bench`` reads
-# these names), and an error message names the phase it happened in.
+# The phases of an iteration, in order: wall time is kept per phase (a run's result holds
+# it: ``TrainResult.seconds_per_phase``), and an error message names the phase it happened in.
 PHASES = (
     "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
     "refreshing recurrent states", "checking metrics", "syncing weights", "evaluating",
@@ -161,7 +161,7 @@ def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:
             return summarize(run, stopped_by(run, stop))
         batches = iter(run.collector)
         while True:
-            with phases("collecting"):
+            with phases("collecting"), naming_dead_workers(run.collector, config.env.name):
                 batch = next(batches)
             check_workers(run.collector, config.env.name)
             progress.frames += batch.numel()

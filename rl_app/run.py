@@ -6,7 +6,6 @@ checkpoint, with the traceback in the run directory's ``error.log``."""
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import logging
 import random
@@ -62,30 +61,13 @@ from rl_app.replay.journal import (
     restorable_from,
 )
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
-from rl_app.upstream.tensordict import skip_pandas_lookups
+from rl_app.upstream.glibc import keep_freed_memory
+from rl_app.upstream.tensordict import ignore_inline_modules_deprecation, skip_pandas_lookups
+from rl_app.upstream.torch import quiet_cuda_home_warning
 
 log = logging.getLogger("rl_app")
 
 ERROR_LOG = "error.log"
-
-
-# glibc's malloc settings (mallopt): blocks up to this size come from its heap, and it
-# keeps up to this much freed memory instead of handing it back to the system.
-M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1
-KEPT_BYTES = 1 << 30
-
-
-def keep_freed_memory() -> None:
-    """Have glibc's malloc keep freed memory for reuse: by default it returns every block
-    over 128 kB to the system when freed, so each iteration's sampled batches (tens of MB
-    of frames on Atari) are faulted back in page by page. Rebuilding frame stacks ran 2x
-    faster with it (docs/speed.md). Nothing changes without glibc."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(M_MMAP_THRESHOLD, KEPT_BYTES)
-    libc.mallopt(M_TRIM_THRESHOLD, 2 * KEPT_BYTES)
 
 
 def seed_everything(seed: int) -> None:
@@ -120,7 +102,11 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     """Create every part of the run, each from its factory, in a prepared run directory."""
     run_dir = Path(config.run_dir)
     skip_pandas_lookups()  # every env step and eager update runs faster (rl_app.upstream)
-    keep_freed_memory()
+    # A log shows the project's own lines unless something is wrong (rl_app.upstream).
+    ignore_inline_modules_deprecation()
+    quiet_cuda_home_warning()
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # it logs each storage it lays out
+    keep_freed_memory()  # sampled batches reuse freed memory (rl_app.upstream)
     prepare_run_dir(run_dir, resuming)
     (run_dir / CONFIG_FILE).write_text(to_yaml(config))
     torch.set_num_threads(config.threads)

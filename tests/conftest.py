@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from _pytest.nodeid import coerce_node_id
 
 from rl_app.config import Config, load_config
+from rl_app.upstream.pytest import send_to_group
 from tests.helpers import TINY_RUN, UP_SCRIPT
 
 # The learning checks take a fifth of the suite's time and the SLURM tests share one
@@ -28,15 +28,12 @@ def is_serial(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """With ``pytest -n 2 --dist loadgroup`` (``make test``) the serial tests go first, to
     one worker, while the other worker takes the rest; whichever is done first helps with
-    what is left.
-
-    pytest-xdist 3.8.0 sends the tests whose node id ends in ``@group`` to one worker, but
-    its ``xdist_group`` marker no longer gets them that suffix under pytest 9 (it writes
-    ``item._nodeid``, which pytest 9 does not read): the suffix is set here instead."""
+    what is left. (xdist's own ``xdist_group`` marker does not group tests under pytest 9:
+    :func:`rl_app.upstream.pytest.send_to_group`.)"""
     items.sort(key=lambda item: not is_serial(item))
     if config.getoption("loadgroup", False):  # set in xdist's workers under loadgroup
         for item in filter(is_serial, items):
-            item._id = coerce_node_id(f"{item.nodeid}@{SERIAL_GROUP}")
+            send_to_group(item, SERIAL_GROUP)
 
 
 @pytest.fixture

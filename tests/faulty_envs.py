@@ -6,40 +6,70 @@ that hit the training env only."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import time
+
 import gymnasium as gym
 from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
 
 class FaultyPendulum(PendulumEnv):
-    """Pendulum that, from its ``fail_after``-th step on, either raises or rewards NaN."""
+    """Pendulum that, from its ``fail_after``-th step on, either raises or rewards NaN.
 
-    def __init__(self, fail_after: int, fault: str, **kwargs) -> None:
+    With ``only_seed``, only the env seeded so fails (worker 0 of a run seeded 0). With
+    ``stop_s``, a worker process holding the env takes that long to exit when terminated,
+    as one shutting a simulator down would."""
+
+    def __init__(
+        self, fail_after: int, fault: str, only_seed: int | None = None, stop_s: float = 0.0,
+        **kwargs,
+    ) -> None:  # fmt: skip
         super().__init__(**kwargs)
         self.fail_after = fail_after
         self.fault = fault
+        self.only_seed = only_seed
+        self.seeded_with = None
         self.steps = 0
+        if stop_s and multiprocessing.parent_process() is not None:
+            signal.signal(signal.SIGTERM, lambda signum, frame: stop_slowly(stop_s, signum))
+
+    def reset(self, *, seed=None, options=None):
+        if seed is not None:
+            self.seeded_with = seed
+        return super().reset(seed=seed, options=options)
 
     def step(self, action):
         self.steps += 1
         observation, reward, terminated, truncated, info = super().step(action)
-        if self.steps >= self.fail_after:
+        if self.steps >= self.fail_after and self.only_seed in (None, self.seeded_with):
             if self.fault == "raise":
                 raise RuntimeError(f"simulated physics failure at step {self.steps}")
             reward = float("nan")
         return observation, reward, terminated, truncated, info
 
 
-def register(name: str, fail_after: int, fault: str) -> str:
+def stop_slowly(seconds: float, signum: int) -> None:
+    time.sleep(seconds)
+    os._exit(128 + signum)
+
+
+def register(name: str, fail_after: int, fault: str, **kwargs) -> str:
     env_id = f"rl_app_test/{name}-v0"
     if env_id not in gym.envs.registry:
         gym.register(
             env_id,
             entry_point=FaultyPendulum,
             max_episode_steps=200,
-            kwargs={"fail_after": fail_after, "fault": fault},
+            kwargs={"fail_after": fail_after, "fault": fault, **kwargs},
         )
     return env_id
 
 
 RAISES_AT_1100 = register("RaisingPendulum", 1100, "raise")
 NAN_AT_1100 = register("NaNPendulum", 1100, "nan")
+# Worker 0 (seed 0) raises; worker 1, terminated then, takes 2 s to exit.
+RAISES_AT_1100_BESIDE_A_SLOW_STOP = register(
+    "RaisingBesideSlowStopPendulum", 1100, "raise", only_seed=0, stop_s=2.0
+)

@@ -5,7 +5,10 @@ priorities never land on new records, and a failing worker takes nobody down wit
 from __future__ import annotations
 
 import copy
+import multiprocessing
 import re
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +17,7 @@ from tensordict import TensorDict
 
 from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import choose_checkpoint
-from rl_app.collection import WeightSync, decide_devices, make_collector
+from rl_app.collection import WeightSync, decide_devices, ended_worker, make_collector
 from rl_app.config import ReplayConfig
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
@@ -166,10 +169,19 @@ def test_priorities_for_overwritten_records_are_dropped(tmp_path: Path) -> None:
     assert (renewed < 1_000.0).all()  # the new records keep their own priorities
 
 
-def test_a_failing_worker_stops_the_run_cleanly(tiny_config) -> None:
+@pytest.mark.parametrize(
+    "env",
+    [
+        faulty_envs.RAISES_AT_1100,
+        # TorchRL terminates the other workers and gives them 0.1 s to exit.
+        faulty_envs.RAISES_AT_1100_BESIDE_A_SLOW_STOP,
+    ],
+    ids=["every_worker_fails", "another_worker_slow_to_stop"],
+)
+def test_a_failing_worker_stops_the_run_cleanly(tiny_config, env: str) -> None:
     before = child_processes()
     config = tiny_config(
-        f"env.name=tests.faulty_envs:{faulty_envs.RAISES_AT_1100}",
+        f"env.name=tests.faulty_envs:{env}",
         # Sync workers step in lockstep with the learner (100 frames each per batch): the
         # fault comes at 2,200 frames however busy the machine is. Async workers run ahead
         # by as much as the machine lets them.
@@ -187,6 +199,25 @@ def test_a_failing_worker_stops_the_run_cleanly(tiny_config) -> None:
     assert named.name == "checkpoint-000000002000"
     assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
     assert child_processes() == before
+
+
+def test_the_worker_named_is_one_that_ended_by_itself() -> None:
+    # As TorchRL leaves them after a worker failed: the others terminated, some closed.
+    context = multiprocessing.get_context("spawn")
+    closed, terminated, failed = (
+        context.Process(target=time.sleep, args=(60,)),
+        context.Process(target=time.sleep, args=(60,)),
+        context.Process(target=sys.exit, args=(1,)),
+    )
+    for process in (closed, terminated, failed):
+        process.start()
+    failed.join()
+    for process in (closed, terminated):
+        process.terminate()
+        process.join()
+    closed.close()
+    assert ended_worker([closed, terminated, failed], timeout=60) == (2, 1)
+    assert ended_worker([closed, terminated], timeout=60) == (1, -15)
 
 
 def test_a_batch_of_envs_keeps_each_envs_trajectories_apart_and_trains(tiny_config) -> None:

@@ -135,7 +135,7 @@ def test_the_estimate_is_what_a_short_run_takes(
     assert saved == pytest.approx(fp.checkpoint, rel=0.1)
 
     # The trees: what creating the sampler of a 3M-slot buffer adds to a fresh process (this
-    # one's allocator keeps the memory that runs freed: rl_app.loop.keep_freed_memory).
+    # one's allocator keeps the memory that runs freed: rl_app.upstream.glibc.keep_freed_memory).
     grown = subprocess.run([PYTHON, "-c", SAMPLER_MEMORY], capture_output=True, text=True, cwd=ROOT)
     trees = footprint(config, fp.transition, 3_000_000).trees
     assert int(grown.stdout) == pytest.approx(trees, rel=0.1), grown.stderr

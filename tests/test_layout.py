@@ -14,7 +14,7 @@ PACKAGE = ROOT / "rl_app"
 SCALE = ("rl_app.collection.workers", "rl_app.collection.distributed", "rl_app.launch")
 # The places the core hands work to scale-out code, importing it only when asked to: a
 # collection mode to its backend, and a sweep with ``launcher: slurm`` to the SLURM launcher.
-DOORS = (("rl_app.collection", "make_collector"), ("rl_app.sweep", "submit_to_slurm"))
+DOORS = (("rl_app.collection", "make_collector"), ("rl_app.sweep.worker", "submit_to_slurm"))
 
 
 def module_name(path: Path) -> str:
@@ -102,6 +102,19 @@ def test_the_loop_knows_no_algorithm_and_the_trainer_no_tool() -> None:
         assert "from tools" not in path.read_text(), path
 
 
+# What tools take from the loop: the types of what rl_app.run's train and build_run return,
+# and its rule for the updates each batch gets; never its steps, nor its phase names.
+TOOLS_FROM_THE_LOOP = {"Run", "TrainResult", "updates_per_iteration"}
+
+
+def test_tools_take_from_the_loop_only_what_it_offers_them() -> None:
+    for path in (ROOT / "tools").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "rl_app.loop":
+                names = {alias.name for alias in node.names}
+                assert names <= TOOLS_FROM_THE_LOOP, f"{path}: {names - TOOLS_FROM_THE_LOOP}"
+
+
 def test_a_direct_run_loads_no_scale_out_module(tmp_path: Path) -> None:
     program = f"""
 import sys, torch
@@ -120,3 +133,103 @@ print(sorted(m for m in sys.modules if m.startswith({SCALE!r})))
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+# -- private names of dependencies ----------------------------------------------------------
+
+OWN_PACKAGES = ("rl_app", "tools", "tests")
+UPSTREAM = PACKAGE / "upstream"
+# Files besides rl_app/upstream/ that may reach a dependency's private names, and why.
+PRIVATE_NAMES_ALLOWED = {
+    "tests/test_upstream.py": "checks the private names rl_app/upstream/ relies on",
+    "tests/test_extension.py": "checks that TorchRL's compiled extension (torchrl._torchrl) loads",
+}
+
+
+def is_private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def python_files() -> list[Path]:
+    return sorted(path for top in OWN_PACKAGES for path in (ROOT / top).rglob("*.py"))
+
+
+def own_private_names(trees: dict[Path, ast.Module]) -> set[str]:
+    """Private names the project defines outside rl_app/upstream/: module-level and
+    class-level names, and attributes assigned on ``self`` or ``cls``."""
+    names = set()
+    for path, tree in trees.items():
+        if path.is_relative_to(UPSTREAM):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.ctx, ast.Store)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("self", "cls")
+            ):
+                names.add(node.attr)
+    return {name for name in names if is_private(name)}
+
+
+def private_reaches(tree: ast.Module, own: set[str]) -> list[str]:
+    """Where ``tree`` imports a private module or name of a dependency, or reaches a private
+    attribute the project does not define, one ``line: what`` each."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] in OWN_PACKAGES:
+                continue
+            names = [*node.module.split("."), *(alias.name for alias in node.names)]
+            if any(is_private(name) for name in names):
+                found.append(f"{node.lineno}: from {node.module} import ...")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if any(is_private(part) for part in alias.name.split(".")):
+                    found.append(f"{node.lineno}: import {alias.name}")
+        elif isinstance(node, ast.Attribute) and is_private(node.attr) and node.attr not in own:
+            found.append(f"{node.lineno}: .{node.attr}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and is_private(node.args[1].value)
+            and node.args[1].value not in own
+        ):
+            found.append(f"{node.lineno}: {node.func.id}(..., {node.args[1].value!r})")
+    return found
+
+
+def test_only_rl_app_upstream_reaches_private_names_of_dependencies() -> None:
+    trees = {path: ast.parse(path.read_text()) for path in python_files()}
+    own = own_private_names(trees)
+    reached = {}
+    for path, tree in trees.items():
+        name = str(path.relative_to(ROOT))
+        if path.is_relative_to(UPSTREAM) or name in PRIVATE_NAMES_ALLOWED:
+            continue
+        if found := private_reaches(tree, own):
+            reached[name] = found
+    assert not reached, f"private names of dependencies outside rl_app/upstream/: {reached}"
+
+
+def test_the_private_name_check_finds_what_it_looks_for() -> None:
+    source = """
+from torch._inductor import config
+from _pytest.nodeid import coerce_node_id
+import torch._dynamo
+from optuna.trial import _state
+frozen._trial_id
+getattr(buffer, "_rng")
+self._mine
+buffer.__len__()
+"""
+    found = private_reaches(ast.parse(source), own={"_mine"})
+    assert [line.split(":")[0] for line in found] == ["2", "3", "4", "5", "6", "7"], found

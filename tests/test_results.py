@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rl_app.compare import markdown_table, plot_comparison, read_run, summarize_group
+from rl_app.compare import groups_table, plot_comparison, read_run, summarize_group
 from rl_app.config import load_config, to_yaml
-from tools.results import store_summaries
+from tools.results import ENTRIES, entry_settings, parse_args, store_summaries
 
 
 def fake_run(run_dir: Path, evals: list[float], wall_seconds: float) -> Path:
@@ -36,7 +36,7 @@ def test_the_summary_takes_each_runs_last_evaluation(tmp_path: Path) -> None:
     assert summary.best_eval_returns == [-150.0, -100.0]
     assert summary.frames == 3000 and summary.wall_seconds == [60.0, 120.0]
 
-    table = markdown_table([summary])
+    table = groups_table([summary])
     assert "| `default` | 2 | 3,000 | -200.0 ± 70.7 | -125.0 ± 35.4 | 1.5 min |" in table
     assert pytest.approx(summary.curve_mean) == [-850.0, -200.0, -200.0]
     plot_comparison([summary], tmp_path / "curves.png")
@@ -59,3 +59,24 @@ def test_results_of_one_entry_keep_the_stored_summaries_of_the_others(tmp_path: 
     assert every_entry["dqn_cartpole"].final_eval_returns == [-100.0]
     assert every_entry["dqn_cartpole"].curve_mean == [-900.0, -100.0]
     assert list(json.loads(store.read_text())) == ["default", "dqn_cartpole"]
+
+
+def test_any_preset_is_an_entry_with_no_overrides(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    preset = "dqn_atari"
+    assert preset not in ENTRIES
+    assert parse_args(["--entries", preset, "default"]).entries == [preset, "default"]
+    assert entry_settings(preset) == (preset, [])
+    with pytest.raises(SystemExit):
+        parse_args(["--entries", "no_such_preset"])
+    assert "invalid choice: 'no_such_preset'" in capsys.readouterr().err
+
+    # Its summary is stored beside the others, after the entries of ENTRIES.
+    def summary(name: str):
+        run = fake_run(tmp_path / name, [-900.0, -100.0], wall_seconds=60.0)
+        return summarize_group(name, [read_run(run)])
+
+    store = tmp_path / "results.json"
+    store_summaries(store, {preset: summary(preset)})
+    assert list(store_summaries(store, {"default": summary("default")})) == ["default", preset]

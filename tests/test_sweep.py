@@ -17,7 +17,9 @@ import yaml
 from rl_app.config import load_config
 from rl_app.logger import read_metrics
 from rl_app.run import train
-from rl_app.sweep import JOURNAL_FILE, claim_next, load_sweep, main, open_study, run_trial
+from rl_app.sweep.__main__ import main
+from rl_app.sweep.spec import JOURNAL_FILE, load_sweep
+from rl_app.sweep.study import claim_next, open_study, run_trial
 from tests.helpers import PYTHON, ROOT, TINY_RUN, wait_for
 
 # optim.batch_size=48: a multiple of every replay.slice_len in SPACE.

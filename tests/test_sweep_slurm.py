@@ -22,7 +22,8 @@ import yaml
 from rl_app.config import HOLDER_FILE
 from rl_app.launch.job import read_attempts
 from rl_app.logger import read_metrics
-from rl_app.sweep import load_sweep, open_study
+from rl_app.sweep.spec import load_sweep
+from rl_app.sweep.study import open_study
 from tests.helpers import FINAL_STATES, PYTHON, ROOT, TINY_RUN, job_state, wait_for
 
 pytestmark = pytest.mark.slurm

@@ -13,6 +13,7 @@ from rl_app.logger import read_metrics
 from rl_app.loop import run_iterations
 from rl_app.replay import TRAJECTORY_KEY
 from rl_app.run import build_run, train
+from tests.helpers import TINY_RUN, run_train
 
 
 def test_short_run_writes_config_metrics_curve_and_checkpoints(tiny_config) -> None:
@@ -116,3 +117,14 @@ def test_logger_backends_write_their_files(
     )
     train(config)
     assert list(Path(config.run_dir).glob(written)), sorted(Path(config.run_dir).rglob("*"))
+
+
+def test_a_compiled_cpu_run_prints_only_the_projects_own_lines(tmp_path: Path) -> None:
+    # On a CPU machine, tensordict's deprecation warning, torch's CUDA_HOME line and
+    # TorchRL's storage line used to come with every compiled run.
+    short = ["collector.total_frames=600", "eval.interval_frames=600", "eval.episodes=1"]
+    run_dir = f"run_dir={tmp_path / 'run'}"
+    result = run_train(tmp_path, *TINY_RUN, *short, "optim.compile=true", run_dir)
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip() and "frame/s" not in line]
+    assert lines and all(" rl_app: " in line for line in lines), lines

@@ -1,21 +1,27 @@
-"""TorchRL 0.14.1 (and torch 2.14.1) behaviours that rl_app/upstream/ works around, checked
-on the installed versions. A failure here after an upgrade means one of them changed (or
-fixed) that behaviour: revisit the workaround named in the test, and drop it where it is no
-longer needed."""
+"""The dependencies' behaviours that rl_app/upstream/ works around (TorchRL 0.14.1, torch
+2.14.1, tensordict 0.14.3, Optuna 5.0.0, glibc's malloc, pytest 9.2.0 with pytest-xdist
+3.8.0), checked on the installed versions. A failure here after an upgrade means one of
+them changed (or fixed) that behaviour: revisit the workaround named in the test, and drop
+it where it is no longer needed."""
 
 from __future__ import annotations
 
 import functools
 import importlib.util
 import inspect
+import re
+import subprocess
+import warnings
 from pathlib import Path
 from typing import Any
 
+import optuna
 import pytest
 import torch
 from tensordict import TensorDict
 from tensordict import utils as tensordict_utils
-from tensordict.nn import TensorDictModule, TensorDictSequential
+from tensordict.nn import TensorDictModule, TensorDictParams, TensorDictSequential
+from torch.utils.flop_counter import FlopCounterMode
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
@@ -30,12 +36,19 @@ from torchrl.data import (
 from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.weight_update import MultiProcessWeightSyncScheme
+from xdist.remote import WorkerInteractor
 
 from rl_app.algorithms import make_algorithm
 from rl_app.config import EnvConfig, load_config
 from rl_app.envs import ReplayableReset, env_factory, make_env
-from rl_app.upstream.tensordict import TENSORCLASS_MEMO, without_tensorclass_memo_guards
-from rl_app.upstream.torch import EAGER_SPLIT
+from rl_app.upstream.optuna import resumed_trial
+from rl_app.upstream.pytest import send_to_group
+from rl_app.upstream.tensordict import (
+    INLINE_MODULES_WARNING,
+    TENSORCLASS_MEMO,
+    without_tensorclass_memo_guards,
+)
+from rl_app.upstream.torch import CPP_EXTENSION_LOGGER, EAGER_SPLIT, MatmulFlops
 from rl_app.upstream.torchrl import (
     GuardedWeightSyncScheme,
     HindsightReplayBuffer,
@@ -50,6 +63,7 @@ from rl_app.upstream.torchrl import (
     unrolling_view,
 )
 from tests import faulty_envs
+from tests.helpers import PYTHON, ROOT
 from tests.test_her_upstream import SLICE_LEN, UNREACHED, episode, slice_sampler
 
 
@@ -105,9 +119,11 @@ def test_distributed_shutdown_still_closes_the_weight_store_itself() -> None:
     assert "_weight_sync_schemes" in inspect.getsource(DistributedCollector.shutdown)
 
 
-def test_async_collector_raises_naming_a_worker_that_failed() -> None:
+def test_async_collector_names_a_dead_worker_or_fails_to_close_another() -> None:
     # In 0.14.1 TorchRL notices a dead worker at its next batch (earlier versions went on
-    # with the others); rl_app checks before each push and checkpoint all the same.
+    # with the others); rl_app checks before each push and checkpoint all the same. It then
+    # terminates the other workers and closes them 0.1 s later: one still exiting makes it
+    # raise a ValueError instead, which rl_app.collection.naming_dead_workers names.
     env = EnvConfig(name=f"tests.faulty_envs:{faulty_envs.RAISES_AT_1100}")
     spec_env = make_env(env, seed=0)
     collector = Collector(
@@ -119,7 +135,8 @@ def test_async_collector_raises_naming_a_worker_that_failed() -> None:
         total_frames=-1,
     )
     try:
-        with pytest.raises(RuntimeError, match=r"process failed: worker \d"):
+        failed = r"process failed: worker \d|Cannot close a process while it is still running"
+        with pytest.raises((RuntimeError, ValueError), match=failed):
             for _ in collector:
                 pass
     finally:
@@ -390,3 +407,103 @@ def test_her_still_draws_a_goal_per_step_of_a_slice() -> None:
     slice_end[:, -1] = True
     assert torch.equal(sample["next", "done"], slice_end | reached(sample))
     assert not reached(kept).any()
+
+
+def test_tensordict_still_reads_the_deprecated_inline_setting() -> None:
+    # rl_app.upstream.tensordict.ignore_inline_modules_deprecation
+    assert "inline_inbuilt_nn_modules" in inspect.getsource(tensordict_utils)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch._dynamo.config.inline_inbuilt_nn_modules  # noqa: B018 (reading it warns)
+    assert any(
+        issubclass(w.category, FutureWarning) and re.match(INLINE_MODULES_WARNING, str(w.message))
+        for w in caught
+    )
+
+
+def test_torch_still_warns_about_cuda_home_without_cuda() -> None:
+    # rl_app.upstream.torch.quiet_cuda_home_warning
+    from torch.utils import cpp_extension
+
+    assert cpp_extension.logger.name == CPP_EXTENSION_LOGGER
+    assert "No CUDA runtime is found" in inspect.getsource(cpp_extension)
+
+
+def test_a_frozen_trial_keeps_its_storage_id_private() -> None:
+    study = optuna.create_study()
+    study.ask()
+    (frozen,) = study.get_trials()
+    assert not any("id" in name for name in dir(frozen) if not name.startswith("_"))
+    resumed = resumed_trial(study, frozen)
+    resumed.report(1.0, step=10)
+    study.tell(resumed, 2.0)
+    (done,) = study.get_trials()
+    assert done.state.name == "COMPLETE" and done.value == 2.0
+    assert done.intermediate_values == {10: 1.0}
+
+
+# How much more anonymous memory the process holds after a 64 MiB block (over malloc's
+# default 128 kB threshold) is written and freed; with ``kept``, after keep_freed_memory.
+FREED_BLOCK = """
+import ctypes, sys
+from rl_app.upstream.glibc import keep_freed_memory
+if sys.argv[1] == "kept":
+    keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+def rss_anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+size = 64 << 20
+before = rss_anon()
+block = libc.malloc(size)
+ctypes.memset(block, 1, size)
+libc.free(block)
+print(rss_anon() - before)
+"""
+
+
+def held_after_free(mode: str) -> int:
+    done = subprocess.run(
+        [PYTHON, "-c", FREED_BLOCK, mode], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+def test_glibc_still_returns_a_freed_large_block_to_the_system() -> None:
+    assert held_after_free("default") < 8 << 20
+    assert held_after_free("kept") > 56 << 20
+
+
+def test_xdist_groups_still_write_a_node_id_pytest_does_not_read(request) -> None:
+    assert "item._nodeid = " in inspect.getsource(WorkerInteractor.pytest_collection_modifyitems)
+    item = pytest.Function.from_parent(request.node.parent, name=request.node.name)
+    plain = item.nodeid
+    item._nodeid = f"{plain}@grouped"  # what the xdist_group marker does
+    assert item.nodeid == plain
+    send_to_group(item, "grouped")
+    assert item.nodeid == f"{plain}@grouped"
+
+
+class HoldsTensorDictParams(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.params = TensorDictParams(TensorDict({"weight": torch.ones(3, 4)}, []))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.params["weight"]
+
+
+def test_flop_counter_mode_still_fails_on_a_module_holding_tensordict_params() -> None:
+    module, x = HoldsTensorDictParams(), torch.ones(2, 3)
+    with pytest.raises(RuntimeError, match="tensordict to boolean"):
+        with FlopCounterMode(display=False):
+            module(x)
+            module(x)
+    with MatmulFlops() as counter:
+        module(x)
+        module(x)
+    assert counter.flops == 2 * (2 * 2 * 3 * 4)  # two (2, 3) @ (3, 4) products

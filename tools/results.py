@@ -1,8 +1,9 @@
 """``make results`` (``python -m tools.results``): the shipped presets over several seeds.
 
 An entry is a preset, or a preset with overrides (``ENTRIES``: e.g. the feed-forward DQN on
-the masked CartPole the recurrent preset learns). Each (entry, seed) trains in
-``runs/results/<entry>-seed<seed>`` (a run already complete
+the masked CartPole the recurrent preset learns). ``--entries`` also takes any preset in
+``configs/`` by its name, as it is: a new preset is measured without an entry here. Each
+(entry, seed) trains in ``runs/results/<entry>-seed<seed>`` (a run already complete
 there is not trained again: ``train`` finds its checkpoint and returns). The summary, per
 entry, is ``rl_app.compare``'s: final and best evaluation return (mean ± std over seeds),
 frames, wall time and the learning curve (mean and 95% bootstrap interval over seeds).
@@ -23,12 +24,12 @@ from pathlib import Path
 
 from rl_app.compare import (
     GroupSummary,
-    markdown_table,
+    groups_table,
     plot_comparison,
     read_run,
     summarize_group,
 )
-from rl_app.config import load_config
+from rl_app.config import available_presets, load_config
 from rl_app.run import train
 
 # name -> (preset, overrides)
@@ -59,6 +60,16 @@ ENTRIES = {
 SEEDS = (1, 2, 3, 4, 5)
 
 
+def entry_names() -> list[str]:
+    """Every entry ``--entries`` takes: ``ENTRIES``, then each preset not among them."""
+    return [*ENTRIES, *(preset for preset in available_presets() if preset not in ENTRIES)]
+
+
+def entry_settings(name: str) -> tuple[str, list[str]]:
+    """An entry's preset and overrides; a preset named alone has none."""
+    return ENTRIES.get(name, (name, []))
+
+
 def run_dir_of(root: Path, entry: str, seed: int) -> Path:
     return root / f"{entry}-seed{seed}"
 
@@ -72,9 +83,10 @@ def stored_summaries(store: Path) -> dict[str, GroupSummary]:
 
 def store_summaries(store: Path, summaries: dict[str, GroupSummary]) -> dict[str, GroupSummary]:
     """Replace the stored summaries of the entries in ``summaries``, keep the others; return
-    them all, in the order of ``ENTRIES`` (a stored entry no longer there is dropped)."""
+    them all, in the order of :func:`entry_names` (a stored entry no longer there is
+    dropped)."""
     merged = {**stored_summaries(store), **summaries}
-    merged = {name: merged[name] for name in ENTRIES if name in merged}
+    merged = {name: merged[name] for name in entry_names() if name in merged}
     store.parent.mkdir(parents=True, exist_ok=True)
     store.write_text(
         json.dumps({name: dataclasses.asdict(group) for name, group in merged.items()}, indent=2)
@@ -82,26 +94,39 @@ def store_summaries(store: Path, summaries: dict[str, GroupSummary]) -> dict[str
     return merged
 
 
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", nargs="+", default=list(ENTRIES), choices=list(ENTRIES))
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tools.results", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--entries",
+        nargs="+",
+        default=list(ENTRIES),
+        choices=entry_names(),
+        metavar="ENTRY",
+        help=f"entries or presets, of: {', '.join(entry_names())} (default: {', '.join(ENTRIES)})",
+    )
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     parser.add_argument("--root", type=Path, default=Path("runs/results"))
     parser.add_argument("--figure", type=Path, default=Path("docs/results.png"))
     parser.add_argument("--store", type=Path, default=Path("docs/results.json"))
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
 
     measured = {}
     for name in args.entries:
-        preset, overrides = ENTRIES[name]
+        preset, overrides = entry_settings(name)
         runs = [run_dir_of(args.root, name, seed) for seed in args.seeds]
         for seed, run in zip(args.seeds, runs, strict=True):
             settings = [*overrides, f"seed={seed}", f"run_dir={run}", "logger.backend=none"]
             train(load_config(preset, settings))
         measured[name] = summarize_group(name, [read_run(run) for run in runs])
     every_entry = list(store_summaries(args.store, measured).values())
-    table = markdown_table(every_entry)
+    table = groups_table(every_entry)
     (args.root / "results.md").write_text(table)
     args.figure.parent.mkdir(parents=True, exist_ok=True)
     plot_comparison(every_entry, args.figure)

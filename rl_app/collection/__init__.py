@@ -14,7 +14,12 @@ reader of direct mode needs neither.
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing import connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
@@ -88,6 +93,12 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
 class WorkerDied(RuntimeError):
     """A collector worker process stopped."""
 
+    def __init__(self, index: int, exitcode: int | None, env_name: str) -> None:
+        super().__init__(
+            f"collector worker {index} (exit code {exitcode}) of env {env_name} stopped; "
+            "its traceback is printed above"
+        )
+
 
 def check_workers(collector: BaseCollector, env_name: str) -> None:
     """Raise if a worker process has stopped, naming its env. A worker that fails prints
@@ -97,10 +108,53 @@ def check_workers(collector: BaseCollector, env_name: str) -> None:
     every push and every checkpoint."""
     for index, process in enumerate(getattr(collector, "procs", ())):
         if not process.is_alive():
-            raise WorkerDied(
-                f"collector worker {index} (env {env_name}) stopped with exit code "
-                f"{process.exitcode}; its traceback is printed above"
-            )
+            raise WorkerDied(index, process.exitcode, env_name)
+
+
+# How long a collector that raised is given for one of its workers to end.
+WORKER_EXIT_S = 30.0
+
+
+@contextmanager
+def naming_dead_workers(collector: BaseCollector, env_name: str) -> Iterator[None]:
+    """Around a collector's next batch: if it raises while a worker process has ended (or
+    ends within ``WORKER_EXIT_S``), raise :class:`WorkerDied` naming that worker instead.
+
+    Finding a dead worker, TorchRL terminates the others, waits 0.1 s and closes them
+    (``torchrl._utils._check_for_faulty_process``); one still exiting then makes it raise
+    "Cannot close a process while it is still running" (a ValueError) in place of naming
+    the worker that failed, depending on how busy the machine is. Test:
+    ``test_async_collector_names_a_dead_worker_or_fails_to_close_another``."""
+    try:
+        yield
+    except Exception as error:
+        ended = ended_worker(getattr(collector, "procs", ()), WORKER_EXIT_S)
+        if ended is None:
+            raise
+        raise WorkerDied(*ended, env_name) from error
+
+
+def ended_worker(processes: Sequence[BaseProcess], timeout: float) -> tuple[int, int] | None:
+    """(index, exit code) of a worker process that has ended, waiting up to ``timeout``
+    seconds for one to end; ``None`` if none does. TorchRL terminates the others (SIGTERM)
+    once one has died: a worker that ended by itself is named first."""
+    open_processes = {}
+    for index, process in enumerate(processes):
+        try:
+            process.exitcode  # noqa: B018 (raises once TorchRL has closed the process)
+        except ValueError:
+            continue
+        open_processes[index] = process
+    if not open_processes:
+        return None
+    connection.wait([process.sentinel for process in open_processes.values()], timeout)
+    ended = []
+    for index, process in open_processes.items():
+        if connection.wait([process.sentinel], 0):  # it has exited
+            process.join()  # returns once it is reaped, at once
+            ended.append((index, process.exitcode))
+    by_itself = [worker for worker in ended if worker[1] != -signal.SIGTERM]
+    return (by_itself + ended)[0] if ended else None
 
 
 class WeightSync:

@@ -10,6 +10,6 @@
 
 The core (``rl_app/*.py``, ``rl_app/algorithms``) never imports these modules, except
 :func:`rl_app.collection.make_collector`, which hands the modes it does not run itself to
-the two collection backends, and :func:`rl_app.sweep.submit_to_slurm`, which submits a
-sweep's workers (``launcher: slurm``). A direct-mode run loads none of them.
+the two collection backends, and :func:`rl_app.sweep.worker.submit_to_slurm`, which submits
+a sweep's workers (``launcher: slurm``). A direct-mode run loads none of them.
 """

@@ -1,14 +1,15 @@
-"""tensordict 0.14.3: recompiles caused by its class memo, and a search for pandas on every
-module output (the index is in :mod:`rl_app.upstream`)."""
+"""tensordict 0.14.3: recompiles caused by its class memo, a search for pandas on every
+module output, and a deprecation warning it triggers (the index is in :mod:`rl_app.upstream`)."""
 
 from __future__ import annotations
 
 import importlib.util
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
-# -- 6. recompiles of a compiled loss ------------------------------------------------------
+# -- 1. recompiles of a compiled loss ------------------------------------------------------
 
 TENSORCLASS_MEMO = "_TENSORCLASS_MEMO"
 
@@ -26,7 +27,7 @@ def without_tensorclass_memo_guards(guards: Sequence[Any]) -> list[bool]:
     return [TENSORCLASS_MEMO not in guard.name for guard in guards]
 
 
-# -- 8. a search for pandas on every module output -----------------------------------------
+# -- 2. a search for pandas on every module output -----------------------------------------
 
 
 def skip_pandas_lookups() -> None:
@@ -41,3 +42,17 @@ def skip_pandas_lookups() -> None:
     ``test_tensordict_still_looks_for_pandas_on_every_module_output``."""
     if "pandas" not in sys.modules and importlib.util.find_spec("pandas") is None:
         sys.modules["pandas"] = None
+
+
+# -- 3. a deprecation warning from every compiled loss --------------------------------------
+
+# torch deprecated this dynamo setting (it is always on); tensordict still reads it whenever a
+# compiled module calls ``to_module``, and the read warns.
+INLINE_MODULES_WARNING = r".*inline_inbuilt_nn_modules"
+
+
+def ignore_inline_modules_deprecation() -> None:
+    """Silence the ``FutureWarning`` tensordict 0.14.3 triggers in every compiled run by
+    reading ``torch._dynamo.config.inline_inbuilt_nn_modules``, which tells a user nothing
+    they can act on. Test: ``test_tensordict_still_reads_the_deprecated_inline_setting``."""
+    warnings.filterwarnings("ignore", message=INLINE_MODULES_WARNING, category=FutureWarning)
