@@ -1,4 +1,4 @@
-"""What a SLURM job runs: :class:`TrainJob`, training with ``rl_app.loop.train``, or
+"""What a SLURM job runs: :class:`TrainJob`, training with ``rl_app.run.train``, or
 :class:`WorkerJob`, training one run after another (a sweep's worker); both are requeued on
 preemption.
 
