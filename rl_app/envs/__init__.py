@@ -79,6 +79,10 @@ class ReplayableReset(gym.Wrapper):
         self.steps_since_reset += 1
         return super().step(action)
 
+    def replay_reset_from(self, random_state: dict[str, Any]) -> None:
+        """Makes the next reset draw as one that started from ``random_state`` did."""
+        self.unwrapped.np_random.bit_generator.state = random_state
+
 
 class ObservationIndices(gym.ObservationWrapper):
     """Observes only some entries of a flat Box observation (``env.observation_indices``):
