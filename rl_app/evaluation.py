@@ -57,9 +57,12 @@ def play_episodes(
     episode k's draws depend only on k and on ``episodes``, not on the learner's state."""
     seed = evaluation_seed(config) if seed is None else seed
     starts = episode_starts(config, seed, episodes)
+    # One factory for all (with each env's own arguments): SerialEnv then builds one env,
+    # not each, to learn their specs.
     env = SerialEnv(
         episodes,
-        [functools.partial(episode_env, config, seed, k, start) for k, start in enumerate(starts)],
+        functools.partial(episode_env, config, seed),
+        create_env_kwargs=[{"index": k, "start": start} for k, start in enumerate(starts)],
     )
     playing = torch.ones(episodes, 1, dtype=torch.bool)
     returns = torch.zeros(episodes)
