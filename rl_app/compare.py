@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from omegaconf import OmegaConf
 
-from rl_app.config import CONFIG_FILE, Config, flatten
+from rl_app.config import Config, flatten
 from rl_app.logger import (
     EVAL_KEY,
     METRICS_FILE,
@@ -36,6 +36,7 @@ from rl_app.logger import (
     label_eval_axes,
     read_metrics,
 )
+from rl_app.rundir import CONFIG_FILE
 
 # Keys that do not make two runs different experiments.
 BOOKKEEPING_KEYS = ("seed", "run_dir", "launcher", "threads")

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from _pytest.nodeid import coerce_node_id
 
-from rl_app.config import Config, load_config
+from rl_app.checks import load_config
+from rl_app.config import Config
 from tests.helpers import TINY_RUN, UP_SCRIPT
 
 # The learning checks take a fifth of the suite's time and the SLURM tests share one

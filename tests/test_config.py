@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from tests.helpers import run_train
 
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from rl_app.checks import load_config
 from rl_app.compare import markdown_table, plot_comparison, read_run, summarize_group
-from rl_app.config import load_config, to_yaml
+from rl_app.config import to_yaml
 from tools.results import store_summaries
 
 

@@ -14,7 +14,7 @@ import optuna
 import pytest
 import yaml
 
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.logger import read_metrics
 from rl_app.run import train
 from rl_app.sweep import JOURNAL_FILE, claim_next, load_sweep, main, open_study, run_trial

@@ -67,14 +67,16 @@ from torchrl.envs.utils import ExplorationType, RandomPolicy, set_exploration_ty
 
 from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import disk_size, file_sha256, verify_checkpoint
+from rl_app.checks import load_config
 from rl_app.collection import WeightSync, decide_devices, make_collector
-from rl_app.config import JOURNAL_DIR, REPLAY_DIR, Config, ConfigError, load_config
+from rl_app.config import Config, ConfigError
 from rl_app.envs import FRAME_KEY, make_env
 from rl_app.loop import PHASES, Run, run_iterations, updates_per_iteration
 from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batches
 from rl_app.replay.frames import RESET_STEP, STEP_KEY, extend_buffer, stack_frames
 from rl_app.replay.journal import restorable_from
 from rl_app.run import build_run, train
+from rl_app.rundir import JOURNAL_DIR, REPLAY_DIR
 from tools.sb3_baseline import evaluate_on_fixed_seeds, run_sb3_sac
 
 BENCH_FRAMES = 6_000

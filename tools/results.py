@@ -21,6 +21,7 @@ import logging
 import sys
 from pathlib import Path
 
+from rl_app.checks import load_config
 from rl_app.compare import (
     GroupSummary,
     markdown_table,
@@ -28,7 +29,6 @@ from rl_app.compare import (
     read_run,
     summarize_group,
 )
-from rl_app.config import load_config
 from rl_app.run import train
 
 # name -> (preset, overrides)
