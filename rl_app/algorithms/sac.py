@@ -65,13 +65,9 @@ def make_actor(
     observation_dim: int,
     goal_dim: int | None,
     action_spec: TensorSpec,
-    env: EnvBase | None = None,
 ) -> ProbabilisticActor:
     """The SAC actor: observation (and the desired goal where the env observes one,
-    ``goal_dim``) -> (loc, scale) -> TanhNormal within the action bounds.
-
-    ``env`` is accepted and unused because TorchRL's Evaluator calls policy factories
-    with the evaluation env."""
+    ``goal_dim``) -> (loc, scale) -> TanhNormal within the action bounds."""
     action_dim = action_spec.shape[-1]
     in_keys, in_features = network_inputs(observation_dim, goal_dim)
     backbone = MultiInputSequential(
