@@ -58,7 +58,8 @@ def check_config(config: Config) -> None:
     check_actions(config, env_checks.check_spaces(config.env))
     replay_checks.check_hindsight(config)
     env_checks.check_goal_env(config)
-    ALGORITHMS[config.algo].check(config)
+    for algorithm in ALGORITHMS.values():  # every config holds every algorithm's group
+        algorithm.check(config)
     check_atari(config)
     replay_checks.check_slices(config, env_checks.max_episode_steps(config.env.name))
     check_video(config)

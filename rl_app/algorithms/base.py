@@ -75,8 +75,9 @@ class Algorithm(abc.ABC):
 
     @classmethod
     def check(cls, config: Config) -> None:
-        """Raise :class:`~rl_app.config.ConfigError` where its own settings do not fit the
-        rest of the config (their declared values are checked already): none by default."""
+        """Raise :class:`~rl_app.config.ConfigError` where its own settings group does not fit
+        the rest of the config (its declared values are checked already), whichever ``algo``
+        runs: none by default."""
         return
 
     #: The policy that acts in the environment while collecting (it explores).
