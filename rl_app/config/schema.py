@@ -43,8 +43,8 @@ def setting(
     on_resume: bool = False,
 ) -> Any:
     """A config field with a one-line description (shown by ``train.py --help``) and the
-    values it accepts, which :func:`validate` checks for every field: ``choices``, or bounds
-    (``at_least``/``above``/``at_most``; for a list, each element). ``on_resume``: the key
+    values it accepts, which :func:`check_declared` checks for every field: ``choices``, or
+    bounds (``at_least``/``above``/``at_most``; for a list, each element). ``on_resume``: the key
     may change when a run resumes (budgets, cadence, bookkeeping, not the experiment);
     a group declared with ``metadata={"on_resume": True}`` hands that to all its keys."""
     metadata = {"doc": doc, "choices": choices, "at_least": at_least, "above": above,
@@ -415,7 +415,7 @@ def conform_value(key: str, value: Any, annotation: str, accepted: dict[str, Any
             )
         whole = int(number)
         # Beyond int64 here, where the value is still as written (1e99, not its 100 digits);
-        # the declared bounds alone are checked by validate().
+        # the declared bounds alone are checked by check_declared().
         if not INT64_MIN <= whole <= INT64_MAX:
             raise ConfigError(f"{key}={value!r} {violation(whole, whole_number_bounds(accepted))}")
         return whole
