@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from rl_app import config as loading
 from rl_app.algorithms import ALGORITHMS, RunConfig, check_actions, check_algorithm
 from rl_app.config import DEFAULT_PRESET, Config, ConfigError
@@ -73,8 +75,6 @@ def check_device(key: str, device: str, allow_auto: bool) -> None:
         return
     if kind != "cuda" or (index and not index.isdigit()):
         raise ConfigError(f"{key}={device!r} is not accepted: choose {accepted}")
-    import torch  # only when a GPU is asked for: the check needs CUDA's device count
-
     count = torch.cuda.device_count()
     if count == 0:
         raise ConfigError(
@@ -100,8 +100,6 @@ def check_cudagraphs(config: Config) -> None:
         )
     if config.device.startswith("cuda"):
         return
-    import torch  # only when CUDA graphs are asked for
-
     if config.device == "cpu" or not torch.cuda.is_available():
         raise ConfigError(
             f"optim.cudagraphs=true needs a CUDA learner, but device={config.device!r} "
