@@ -13,14 +13,13 @@ import argparse
 import logging
 import sys
 
+from rl_app.checks import describe_settings, load_config
 from rl_app.config import (
     DEFAULT_PRESET,
     Config,
     ConfigError,
     available_presets,
     describe_presets,
-    describe_settings,
-    load_config,
     to_yaml,
 )
 

@@ -30,15 +30,7 @@ from rl_app.collection import (
     decide_devices,
     make_collector,
 )
-from rl_app.config import (
-    CHECKPOINTS_DIR,
-    CONFIG_FILE,
-    JOURNAL_DIR,
-    REPLAY_DIR,
-    Config,
-    holds_checkpoint,
-    to_yaml,
-)
+from rl_app.config import Config, holds_checkpoint, to_yaml
 from rl_app.envs import make_env
 from rl_app.fit import check_fit
 from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, RunLogger
@@ -60,6 +52,7 @@ from rl_app.replay.journal import (
     UndoJournal,
     restorable_from,
 )
+from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE, JOURNAL_DIR, REPLAY_DIR
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
 from rl_app.upstream.glibc import keep_freed_memory
 from rl_app.upstream.tensordict import ignore_inline_modules_deprecation, skip_pandas_lookups

@@ -14,7 +14,8 @@ import torch
 from tensordict import TensorDict
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import ConfigError, EnvConfig, ReplayConfig, load_config
+from rl_app.checks import load_config
+from rl_app.config import ConfigError, EnvConfig, ReplayConfig
 from rl_app.envs import SUCCESS_KEY, make_env
 from rl_app.envs.goals import BIT_FLIP_IDS, BitFlippingEnv
 from rl_app.evaluation import evaluate, success_rate

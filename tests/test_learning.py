@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
 from rl_app.loop import TrainResult
 from rl_app.play import play

@@ -20,7 +20,8 @@ from torchcodec.decoders import VideoDecoder
 from torchrl.checkpoint import Checkpoint
 
 from rl_app.checkpointing import BEST_INDEX, EVAL_METRIC, recorded_best
-from rl_app.config import ConfigError, load_config, to_yaml
+from rl_app.checks import load_config
+from rl_app.config import ConfigError, to_yaml
 from rl_app.logger import read_metrics
 from rl_app.play import load_policy, play
 from rl_app.run import train

@@ -29,6 +29,7 @@ from torchrl.data import (
     HERReplayBuffer,
     LazyMemmapStorage,
     LazyTensorStorage,
+    PrioritizedSampler,
     PrioritizedSliceSampler,
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
@@ -39,7 +40,8 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 from xdist.remote import WorkerInteractor
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import EnvConfig, load_config
+from rl_app.checks import load_config
+from rl_app.config import SEGMENT_TREE_MAX_SIZE, EnvConfig
 from rl_app.envs import ReplayableReset, env_factory, make_env
 from rl_app.upstream.optuna import resumed_trial
 from rl_app.upstream.pytest import send_to_group
@@ -50,6 +52,9 @@ from rl_app.upstream.tensordict import (
 )
 from rl_app.upstream.torch import CPP_EXTENSION_LOGGER, EAGER_SPLIT, MatmulFlops
 from rl_app.upstream.torchrl import (
+    GENERATION_BYTES,
+    TREE_LEAF_BYTES,
+    TREE_VALUE_BYTES,
     GuardedWeightSyncScheme,
     HindsightReplayBuffer,
     VectorizedSliceSampler,
@@ -507,3 +512,29 @@ def test_flop_counter_mode_still_fails_on_a_module_holding_tensordict_params() -
         module(x)
         module(x)
     assert counter.flops == 2 * (2 * 2 * 3 * 4)  # two (2, 3) @ (3, 4) products
+
+
+def test_a_buffer_still_keeps_these_bytes_per_slot() -> None:
+    """rl_app.fit counts per slot: a float32 in each segment tree, saved as a copy of the
+    trees and then their leaves, and an int64 generation."""
+    sampler = PrioritizedSampler(8, alpha=0.6, beta=0.4)
+    buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(8),
+        sampler=sampler,
+        writer=TensorDictRoundRobinWriter(track_generations=True),
+    )
+    buffer.extend(TensorDict({"a": torch.zeros(4)}, [4]))
+    trees = (type(sampler._sum_tree).__name__, type(sampler._min_tree).__name__)
+    assert trees == ("SumSegmentTreeFp32", "MinSegmentTreeFp32")
+    assert TREE_VALUE_BYTES == torch.float32.itemsize
+    assert TREE_LEAF_BYTES == 2 * torch.float32.itemsize
+    generations = buffer.writer.generations_of(torch.arange(4))
+    assert GENERATION_BYTES == generations.dtype.itemsize == torch.int64.itemsize
+
+
+def test_segment_trees_still_refuse_sizes_past_the_largest_accepted() -> None:
+    """replay.capacity is bounded by SEGMENT_TREE_MAX_SIZE (rl_app.config): one more and a
+    tree's std::vector would be larger than it can be."""
+    tree_type = type(PrioritizedSampler(8, alpha=0.6, beta=0.4)._sum_tree)
+    with pytest.raises(ValueError, match="max_size"):
+        tree_type(SEGMENT_TREE_MAX_SIZE + 1)

@@ -1,38 +1,41 @@
-"""Algorithms the training loop can run, each behind :class:`rl_app.algorithms.base.Algorithm`."""
+"""Algorithms the training loop can run, each behind :class:`rl_app.algorithms.base.Algorithm`,
+and the run's config schema: the core groups and one group per algorithm."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 from tensordict.nn import TensorDictModuleBase
-from torchrl.data import TensorSpec
 from torchrl.envs import EnvBase
 
-from rl_app.algorithms import dqn, sac
 from rl_app.algorithms.base import Algorithm, goal_dim, observation_dim
 from rl_app.algorithms.dqn import DQN
 from rl_app.algorithms.sac import SAC
-from rl_app.config import Config
+from rl_app.config import Config, ConfigError, run_schema, setting
 
-# `algo=` names; the action space each needs is in rl_app.config.ALGORITHM_ACTIONS.
+# `algo=` names, each also the key of its algorithm's settings group.
 ALGORITHMS: dict[str, type[Algorithm]] = {"sac": SAC, "dqn": DQN}
 
-# The acting policy of each algorithm, as its `policy_factory()` builds it, from the config,
-# the observation size (None: stacked frames), the desired goal's size (None: no goal) and
-# the action spec: playing a run needs nothing else.
-POLICIES: dict[
-    str, Callable[[Config, int | None, int | None, TensorSpec], TensorDictModuleBase]
-] = {
-    "sac": lambda config, observation_dim, goal_dim, action_spec: sac.make_actor(
-        config.network, observation_dim, goal_dim, action_spec
+# The schema of a run: the first algorithm is the default.
+RunConfig = run_schema(
+    setting(
+        next(iter(ALGORITHMS)),
+        " | ".join(f"{name} ({kind.actions} actions)" for name, kind in ALGORITHMS.items()),
+        choices=tuple(ALGORITHMS),
     ),
-    "dqn": lambda config, observation_dim, goal_dim, action_spec: dqn.make_policy(
-        config.network, config.dqn, observation_dim, goal_dim, action_spec
-    ),
-}
+    {name: kind.settings for name, kind in ALGORITHMS.items() if kind.settings is not None},
+    name="RunConfig",
+    module=__name__,
+)
 
-__all__ = ["ALGORITHMS", "POLICIES", "Algorithm", "make_algorithm", "make_policy"]
+__all__ = [
+    "ALGORITHMS",
+    "Algorithm",
+    "RunConfig",
+    "check_actions",
+    "check_algorithm",
+    "make_algorithm",
+    "make_policy",
+]
 
 
 def make_algorithm(config: Config, env: EnvBase, device: torch.device) -> Algorithm:
@@ -44,4 +47,36 @@ def make_policy(config: Config, env: EnvBase) -> TensorDictModuleBase:
     """The acting policy of ``config.algo`` for ``env``'s specs, on the CPU, with fresh
     weights: no loss, optimizer, buffer or collector is built."""
     action_spec = env.action_spec_unbatched.clone().cpu()
-    return POLICIES[config.algo](config, observation_dim(env), goal_dim(env), action_spec)
+    return ALGORITHMS[config.algo].make_policy(
+        config, observation_dim(env), goal_dim(env), action_spec
+    )
+
+
+def check_algorithm(config: Config) -> None:
+    """``config.algo`` supports the network and the goals the config asks for."""
+    algo, recurrent = config.algo, config.network.recurrent
+    if recurrent != "none" and not ALGORITHMS[algo].recurrent:
+        having = " or ".join(f"algo={name}" for name, kind in ALGORITHMS.items() if kind.recurrent)
+        raise ConfigError(
+            f"network.recurrent={recurrent!r} is not accepted with algo={algo!r}: only "
+            f"{having} has a recurrent network (set network.recurrent=none)"
+        )
+    her_ratio = config.replay.her_ratio
+    if her_ratio and (not ALGORITHMS[algo].goals or recurrent != "none"):
+        reading = sorted(name for name, kind in ALGORITHMS.items() if kind.goals)
+        raise ConfigError(
+            f"replay.her_ratio={her_ratio} is not accepted with algo={algo!r} and "
+            f"network.recurrent={recurrent!r}: only the MLPs of algo="
+            f"{' and algo='.join(reading)} read the goal (set replay.her_ratio=0)"
+        )
+
+
+def check_actions(config: Config, env_actions: str) -> None:
+    """``config.algo`` takes the actions of the env (``"continuous"`` or ``"discrete"``)."""
+    needed = ALGORITHMS[config.algo].actions
+    if needed != env_actions:
+        fitting = [name for name, kind in ALGORITHMS.items() if kind.actions == env_actions]
+        raise ConfigError(
+            f"algo={config.algo!r} needs {needed} actions but {config.env.name} has "
+            f"{env_actions} actions: use algo={' or algo='.join(fitting)}"
+        )

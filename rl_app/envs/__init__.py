@@ -30,7 +30,8 @@ from torchrl.envs import (
 )
 from torchrl.envs.gym_like import BaseInfoDictReader
 
-from rl_app.config import EnvConfig, NetworkConfig, is_atari
+from rl_app.config import EnvConfig, NetworkConfig
+from rl_app.envs.atari import is_atari
 
 # Evaluation episodes use seeds far from the training ones, so that the agent is scored on
 # starts it did not necessarily train from.

@@ -26,8 +26,9 @@ from torchrl.data.replay_buffers import Sequence
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.envs import EnvBase
 
-from rl_app.config import ReplayConfig, samples_sequences
+from rl_app.config import ReplayConfig
 from rl_app.envs import RECURRENT_STATE_KEYS
+from rl_app.replay.checks import samples_sequences
 from rl_app.replay.journal import JournaledStorage, record_patch
 from rl_app.upstream.torchrl import (
     HindsightReplayBuffer,

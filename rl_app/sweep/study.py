@@ -13,7 +13,8 @@ from filelock import FileLock
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 from optuna.trial import Trial, TrialState
 
-from rl_app.config import ConfigError, load_config
+from rl_app.checks import load_config
+from rl_app.config import ConfigError
 from rl_app.runlock import RunDirBusy, acquire
 from rl_app.sweep.spec import (
     CLAIM_LOCK,

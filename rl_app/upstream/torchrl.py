@@ -381,3 +381,19 @@ class HindsightReplayBuffer(HERReplayBuffer):
             steps.set_(self.goal_key, goals)
             steps.set_(("next", self.goal_key), goals)
             steps.set_(self.reward_key, self.reward_fn(steps))
+
+
+# -- 12. what a buffer keeps per slot ------------------------------------------------------
+
+# What TorchRL 0.14.1 keeps per slot of the buffer (rl_app.fit counts it; measured:
+# docs/capacity.md). The prioritized sampler's two segment trees (sum and min) each hold
+# 2 x the power of two above the capacity of float32 values. Test:
+# ``test_a_buffer_still_keeps_these_bytes_per_slot``.
+TREE_VALUE_BYTES = 4
+# The writer stamps every slot with a generation (int64), kept where the storage is and
+# saved in each checkpoint; the buffer holding them doubles as the storage fills.
+GENERATION_BYTES = 8
+# A checkpoint saves the trees' leaves, a float32 each per slot; saving them copies the
+# trees first (TorchRL's state_dict), then reads the leaves out, next to a copy of the
+# generations.
+TREE_LEAF_BYTES = 8

@@ -17,13 +17,15 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from rl_app.checkpointing import disk_size, file_sha256, verify_checkpoint
-from rl_app.config import JOURNAL_DIR, REPLAY_DIR, Config, load_config
+from rl_app.checks import load_config
+from rl_app.config import Config
 from rl_app.envs import FRAME_KEY, make_env
 from rl_app.loop import Run, updates_per_iteration
 from rl_app.replay import TRAJECTORY_KEY, sample_batches
 from rl_app.replay.frames import RESET_STEP, STEP_KEY, extend_buffer, stack_frames
 from rl_app.replay.journal import restorable_from
 from rl_app.run import build_run
+from rl_app.rundir import JOURNAL_DIR, REPLAY_DIR
 from tools.bench.shared import random_play_batches, timed
 from tools.bench.update import seconds_per_update
 

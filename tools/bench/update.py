@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.envs import make_env
 from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batches
 from rl_app.upstream.torch import MatmulFlops
