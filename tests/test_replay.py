@@ -16,7 +16,6 @@ from rl_app.replay import (
     PRIORITY_KEY,
     TRAJECTORY_KEY,
     make_replay_buffer,
-    sample_batches,
     write_priorities,
 )
 from tests.helpers import random_play
@@ -42,8 +41,7 @@ def test_one_sampler_call_draws_an_iteration_of_batches_in_time_order(
     cartpole_play: TensorDict, tmp_path: Path
 ) -> None:
     buffer = filled_buffer(cartpole_play, "prioritized_slice", tmp_path)
-    replay = ReplayConfig(sampler="prioritized_slice", slice_len=SLICE_LEN)
-    batches = sample_batches(buffer, replay, SLICE_LEN * NUM_SLICES, count=5)
+    batches = buffer.sample_batches(SLICE_LEN * NUM_SLICES, 5)
     assert [batch.shape for batch in batches] == [torch.Size([NUM_SLICES, SLICE_LEN])] * 5
     for batch in batches:
         traj_ids = batch[TRAJECTORY_KEY]
@@ -102,7 +100,7 @@ def test_each_sampler_trains_one_step_and_takes_priorities(
     algorithm = make_algorithm(config, env, torch.device("cpu"))
     buffer = make_replay_buffer(config.replay, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 600))
-    sample = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    sample = buffer.sample_batches(config.optim.batch_size, 1)[0]
     algorithm.update(sample)
     slices = config.optim.batch_size // config.replay.slice_len
     steps = (slices, config.replay.slice_len) if sampler.endswith("slice") else (64,)
@@ -119,7 +117,7 @@ def test_bootstrapping_uses_terminated_not_the_slice_end_done(
     algorithm = make_algorithm(config, env, torch.device("cpu"))
     buffer = make_replay_buffer(config.replay, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 600))
-    sample = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    sample = buffer.sample_batches(config.optim.batch_size, 1)[0]
     # The slice sampler marks every slice end done, and time limits end slices too;
     # Pendulum never terminates. A done that is not a termination cuts a multi-step chain
     # and bootstraps, as the last step of a slice always does.

@@ -34,11 +34,11 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 from rl_app.algorithms import make_algorithm
 from rl_app.config import EnvConfig, load_config
 from rl_app.envs import ReplayableReset, env_factory, make_env
+from rl_app.replay.hindsight import HindsightReplayBuffer
 from rl_app.upstream.tensordict import TENSORCLASS_MEMO, without_tensorclass_memo_guards
 from rl_app.upstream.torch import EAGER_SPLIT
 from rl_app.upstream.torchrl import (
     GuardedWeightSyncScheme,
-    HindsightReplayBuffer,
     VectorizedSliceSampler,
     gymnasium_env,
     lay_out_storage,
