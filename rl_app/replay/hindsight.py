@@ -29,7 +29,10 @@ end of a full ring take goals from their own slot (future) or from the episode b
 them (final, episode). Those transitions stay right, reward and termination being
 recomputed for whatever goal they get; only their goals are not hindsight ones.
 
-Tests: ``tests/test_her.py``, and TorchRL's own behaviour in ``tests/test_her_upstream.py``."""
+Tests: ``tests/test_her.py``; TorchRL's own behaviour in ``tests/test_her_upstream.py``, and
+what this module changes of it in ``tests/test_upstream.py``
+(``test_her_still_keeps_the_stored_terminated_flag``,
+``test_her_still_draws_a_goal_per_step_of_a_slice``)."""
 
 from __future__ import annotations
 
