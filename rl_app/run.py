@@ -108,10 +108,19 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     devices = decide_devices(config)
     spec_env = make_env(config.env, config.seed, network=config.network)
     algorithm = make_algorithm(config, spec_env, devices.learner)
-    transition = stored_transition(spec_env, algorithm.replay_keys())
+    keys = algorithm.replay_keys()
+    transition = stored_transition(spec_env, keys)
     # A goal env's reward and termination for other goals are functions of the goals alone,
     # which hindsight relabelling asks of this env after it is closed.
-    buffer = make_replay_buffer(config.replay, run_dir / REPLAY_DIR, config.seed, spec_env)
+    buffer = make_replay_buffer(
+        config.replay,
+        run_dir / REPLAY_DIR,
+        config.seed,
+        spec_env,
+        keys=keys,
+        device=devices.learner,
+        recurrent_states=algorithm.recurrent_states if config.network.recurrent != "none" else None,
+    )
     spec_env.close()
     try:
         allocate_storage(buffer, transition)

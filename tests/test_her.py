@@ -25,7 +25,6 @@ from rl_app.replay import (
     PRIORITY_KEY,
     TRAJECTORY_KEY,
     make_replay_buffer,
-    sample_batches,
     slice_priorities,
     write_priorities,
 )
@@ -128,8 +127,8 @@ def test_reward_and_termination_are_the_envs_for_the_new_goal(sampler: str, tmp_
 
 
 def test_each_update_gets_its_share_of_relabelled_transitions(tmp_path: Path) -> None:
-    replay, buffer = relabelling_buffer(tmp_path, "future", her_ratio=0.5)
-    batches = sample_batches(buffer, replay, batch_size=32, count=4)
+    _, buffer = relabelling_buffer(tmp_path, "future", her_ratio=0.5)
+    batches = buffer.sample_batches(32, 4)
     for batch in batches:
         assert int((batch["desired_goal"] != UNREACHED).sum()) == 16
 
@@ -193,10 +192,10 @@ def test_settings_hindsight_relabelling_cannot_serve_are_refused(
 def test_a_relabelled_slice_has_one_goal_and_its_priority_is_its_own_td_error(
     tmp_path: Path,
 ) -> None:
-    replay, buffer = relabelling_buffer(
+    _, buffer = relabelling_buffer(
         tmp_path, "future", her_ratio=0.5, sampler="prioritized_slice", slice_len=2, alpha=1.0
     )
-    batches = sample_batches(buffer, replay, batch_size=16, count=4)
+    batches = buffer.sample_batches(16, 4)
     for batch in batches:
         goals = batch["desired_goal"]
         assert batch.shape == (8, 2) and (goals == goals[:, :1]).all()

@@ -43,6 +43,7 @@ from rl_app.algorithms import make_algorithm
 from rl_app.checks import load_config
 from rl_app.config import SEGMENT_TREE_MAX_SIZE, EnvConfig
 from rl_app.envs import ReplayableReset, env_factory, make_env
+from rl_app.replay.hindsight import HindsightReplayBuffer
 from rl_app.upstream.optuna import resumed_trial
 from rl_app.upstream.pytest import send_to_group
 from rl_app.upstream.tensordict import (
@@ -56,7 +57,6 @@ from rl_app.upstream.torchrl import (
     TREE_LEAF_BYTES,
     TREE_VALUE_BYTES,
     GuardedWeightSyncScheme,
-    HindsightReplayBuffer,
     VectorizedSliceSampler,
     gymnasium_env,
     lay_out_storage,

@@ -32,7 +32,7 @@ from torchrl.objectives import LossModule, ValueEstimators
 
 from rl_app.config import Config, OptimConfig, ReplayConfig
 from rl_app.envs import PIXELS_KEY
-from rl_app.replay import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL, PRIORITY_KEY
+from rl_app.replay.keys import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL, PRIORITY_KEY
 from rl_app.upstream.tensordict import without_tensorclass_memo_guards
 from rl_app.upstream.torch import EAGER_SPLIT
 
@@ -162,7 +162,7 @@ def make_value_estimator(loss: LossModule, optim: OptimConfig) -> None:
 def mask_padded_steps(loss: LossModule, replay: ReplayConfig, stacked_frames: bool = False) -> None:
     """With TorchRL's Sequence windows (``replay.sampler=prioritized_sequence``) the loss
     counts only the steps under ``LOSS_MASK_KEY``: learning steps of the sampled episode,
-    neither burn-in steps nor the padding past an episode end (:mod:`rl_app.replay`); with
+    neither burn-in steps nor the padding past an episode end (:mod:`rl_app.replay.sequences`); with
     ``stacked_frames``, only the steps whose stacks were rebuilt whole
     (:mod:`rl_app.replay.frames`)."""
     if replay.sampler == "prioritized_sequence" or stacked_frames:

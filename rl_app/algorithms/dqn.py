@@ -48,8 +48,8 @@ from rl_app.algorithms.base import (
 from rl_app.config import Config, ConfigError, NetworkConfig, setting
 from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS
 from rl_app.envs.atari import is_atari
-from rl_app.replay import PRIORITY_KEY
-from rl_app.replay.frames import random_shift, stored_keys
+from rl_app.replay.frames import frame_replay_keys, random_shift
+from rl_app.replay.keys import PRIORITY_KEY
 from rl_app.upstream.torchrl import unrolling_view
 
 # The Nature CNN's convolutions (Mnih et al., 2015): 84x84 frames come out as 64 maps of
@@ -254,7 +254,7 @@ class DQN(Algorithm):
 
     def replay_keys(self) -> list[Any]:
         if self._observation_dim is None:  # stacked frames: stored once, rebuilt when sampled
-            return stored_keys(super().replay_keys())
+            return frame_replay_keys(super().replay_keys())
         return super().replay_keys()
 
     def policy_factory(self) -> Callable[..., TensorDictSequential]:

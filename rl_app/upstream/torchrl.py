@@ -303,84 +303,49 @@ class VectorizedSliceSampler(PrioritizedSliceSampler):
 # -- 11. hindsight relabelling -------------------------------------------------------------
 
 
-class HindsightReplayBuffer(HERReplayBuffer):
-    """TorchRL's ``HERReplayBuffer`` with three of its behaviours changed:
+class HERSampling(HERReplayBuffer):
+    """TorchRL's ``HERReplayBuffer``, its sampling steps under public names for the
+    relabelling of :mod:`rl_app.replay.hindsight` (which overrides :meth:`sample_relabelled`),
+    and one of its behaviours changed:
 
-    - It rebuilds its table of episode ends when the storage changed, which it tells by a
-      key holding the storage's private ``_last_cursor``: a tensor of slots after any
-      ``extend``. Once the storage is full the lengths in two keys are equal and Python
-      compares the tensors, which raises ("Boolean value of Tensor with more than one
-      value is ambiguous"); and a cursor that comes round to the same slots would keep a
-      stale table. Here the key is the storage's length and the writer's count of writes,
-      which grows with every one (private ``_storage_cache_key``).
-    - A relabelled transition keeps its stored ``("next", "terminated")``: where an episode
-      ends on reaching its goal, the step that reaches the new goal would bootstrap past
-      it, and the step that reached the old one would stop bootstrapping. Here
-      ``terminated_fn`` recomputes the flag of every sampled transition, after the
-      relabelling (in private ``_sample``), and a step that now terminates is ``done``; a
-      transition that keeps its goal gets back its own flag, where ``terminated_fn`` agrees
-      with the env. A slice sampler's flags travel in the sample's info, which TorchRL
-      writes over the data after ``_sample``: they are recomputed there too.
-    - It draws a goal for each sampled step, so along a slice of ``slice_len`` steps the
-      goal changes from step to step and a multi-step target would mix rewards and values
-      of different goals. Here a relabelled slice takes one goal, drawn as its first step's
-      (with TorchRL's private ``_get_episode_ends``, ``_get_episode_range`` and
-      ``_sample_goal_indices``), and each of its steps gets the reward and termination of
-      that goal; the first ``her_ratio`` of the slices are relabelled.
-
-    Tests: ``test_a_full_her_buffer_still_fails_to_compare_its_cache_key``,
-    ``test_her_still_keeps_the_stored_terminated_flag`` and
-    ``test_her_still_draws_a_goal_per_step_of_a_slice``."""
-
-    def __init__(
-        self,
-        reward_fn: Callable[[TensorDictBase], torch.Tensor],
-        terminated_fn: Callable[[TensorDictBase], torch.Tensor],
-        slice_len: int = 1,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(reward_fn, **kwargs)
-        self.terminated_fn = terminated_fn
-        self.slice_len = slice_len
+    It rebuilds its table of episode ends when the storage changed, which it tells by a key
+    holding the storage's private ``_last_cursor``: a tensor of slots after any ``extend``.
+    Once the storage is full the lengths in two keys are equal and Python compares the
+    tensors, which raises ("Boolean value of Tensor with more than one value is
+    ambiguous"); and a cursor that comes round to the same slots would keep a stale table.
+    Here the key is the storage's length and the writer's count of writes, which grows with
+    every one (private ``_storage_cache_key``). Test:
+    ``test_a_full_her_buffer_still_fails_to_compare_its_cache_key``."""
 
     def _storage_cache_key(self, storage: Any) -> tuple:
         return (len(storage), self.write_count)
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
-        if self.slice_len == 1:
-            data, info = super()._sample(batch_size)
-        else:
-            data, info = super(HERReplayBuffer, self)._sample(batch_size)  # not relabelled
-            self._relabel_slices(data, info)
-        terminated = self.terminated_fn(data)
-        with data.unlock_():
-            data.set(("next", "terminated"), terminated)
-            data.set(("next", "done"), data["next", "done"] | terminated)
-        if ("next", "terminated") in info:
-            info[("next", "terminated")] = terminated
-            info[("next", "done")] = info[("next", "done")] | terminated
-        return data, info
+        return self.sample_relabelled(batch_size)
 
-    def _relabel_slices(self, data: TensorDictBase, info: dict) -> None:
-        """The first ``her_ratio`` of the slices in ``data``, each given one goal: what its
-        episode achieved at a step drawn by the strategy from the slice's first step."""
-        episode_ends = self._get_episode_ends(self._storage)
-        index = info["index"][0] if isinstance(info["index"], tuple) else info["index"]
-        firsts = torch.as_tensor(index).reshape(-1, self.slice_len)[:, 0].contiguous()
-        relabelled = int(len(firsts) * self.her_ratio)
-        if len(episode_ends) == 0 or relabelled == 0:
-            return
-        firsts = firsts[:relabelled]
-        episode_starts, episode_last = self._get_episode_range(firsts, episode_ends)
-        stored = len(self._storage)
-        sources = self._sample_goal_indices(firsts, episode_starts, episode_last, stored)
-        goals = self._storage.get(sources).get(self.achieved_goal_key)
-        steps = data[: relabelled * self.slice_len]
-        goals = goals.repeat_interleave(self.slice_len, dim=0).to(steps.device)
-        with data.unlock_():
-            steps.set_(self.goal_key, goals)
-            steps.set_(("next", self.goal_key), goals)
-            steps.set_(self.reward_key, self.reward_fn(steps))
+    def sample_relabelled(self, batch_size: int) -> tuple[TensorDictBase, dict]:
+        """Data and info of a sample of ``batch_size``, relabelled: TorchRL's way by
+        default (:meth:`relabelled_per_step`)."""
+        return self.relabelled_per_step(batch_size)
+
+    def relabelled_per_step(self, batch_size: int) -> tuple[TensorDictBase, dict]:
+        """TorchRL's relabelled sample: the first ``her_ratio`` of its records each take a
+        goal of its own, drawn by the strategy."""
+        return super()._sample(batch_size)
+
+    def not_relabelled(self, batch_size: int) -> tuple[TensorDictBase, dict]:
+        """A sample as a plain buffer draws it, with the info TorchRL writes over it."""
+        return super(HERReplayBuffer, self)._sample(batch_size)
+
+    def episode_ends(self) -> torch.Tensor:
+        """The slots where stored episodes end, in storage order."""
+        return self._get_episode_ends(self.storage)
+
+    def goal_sources(self, index: torch.Tensor, episode_ends: torch.Tensor) -> torch.Tensor:
+        """For each stored step at ``index``, the slot whose achieved goal becomes its goal,
+        drawn by the strategy within its episode (``episode_ends``: :meth:`episode_ends`)."""
+        starts, last = self._get_episode_range(index, episode_ends)
+        return self._sample_goal_indices(index, starts, last, len(self.storage))
 
 
 # -- 12. what a buffer keeps per slot ------------------------------------------------------
