@@ -11,7 +11,6 @@ import importlib.util
 import inspect
 import re
 import subprocess
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -415,15 +414,16 @@ def test_her_still_draws_a_goal_per_step_of_a_slice() -> None:
 
 
 def test_tensordict_still_reads_the_deprecated_inline_setting() -> None:
-    # rl_app.upstream.tensordict.ignore_inline_modules_deprecation
+    # rl_app.upstream.tensordict.ignore_inline_modules_deprecation. torch warns once per
+    # process: read in a fresh one.
     assert "inline_inbuilt_nn_modules" in inspect.getsource(tensordict_utils)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch._dynamo.config.inline_inbuilt_nn_modules  # noqa: B018 (reading it warns)
-    assert any(
-        issubclass(w.category, FutureWarning) and re.match(INLINE_MODULES_WARNING, str(w.message))
-        for w in caught
+    program = "import torch; torch._dynamo.config.inline_inbuilt_nn_modules"
+    done = subprocess.run(
+        [PYTHON, "-W", "always", "-c", program], capture_output=True, text=True, timeout=120
     )
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "FutureWarning" in line]
+    assert any(re.match(INLINE_MODULES_WARNING, line) for line in warned), done.stderr
 
 
 def test_torch_still_warns_about_cuda_home_without_cuda() -> None:
