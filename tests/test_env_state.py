@@ -5,16 +5,20 @@ taken mid-episode that equal the uninterrupted run."""
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from torchrl.collectors import Collector
+from torchrl.envs.utils import RandomPolicy
 
 from rl_app.checkpointing import choose_checkpoint, load_component
+from rl_app.collection import CollectorState
 from rl_app.config import EnvConfig, load_config
-from rl_app.envs import make_gym_env
+from rl_app.envs import make_env, make_gym_env
 from rl_app.envs.goals import BIT_FLIP_IDS, POINT_REACH_ID
 from rl_app.envs.resumable import ResumableEnv
 from rl_app.run import train
@@ -180,3 +184,24 @@ def test_resume_mid_episode_matches_the_uninterrupted_run(
     train(config(interrupted, stop))
     assert saved_step_count(interrupted) > 0  # mid-episode
     assert_same_run(alone, resume_in_process(config(interrupted, end)))
+
+
+@pytest.mark.parametrize(
+    ("env_config", "why"),
+    [
+        (EnvConfig(name=faulty_envs.RAISES_AT_1100), "FaultyPendulum cannot give its state"),
+        (EnvConfig(num_envs=2), "the env is a batch of envs"),
+    ],
+    ids=["unknown-env", "batch-of-envs"],
+)
+def test_a_checkpoint_without_the_episode_says_why_once(
+    env_config: EnvConfig, why: str, caplog
+) -> None:
+    env = make_env(env_config, seed=0)
+    collector = Collector(env, RandomPolicy(env.action_spec), frames_per_batch=6, total_frames=-1)
+    state = CollectorState(collector)
+    next(iter(collector))  # mid-episode
+    with caplog.at_level(logging.INFO, logger="rl_app"):
+        assert "env" not in state.state_dict() and "env" not in state.state_dict()
+    assert [why in message for message in caplog.messages] == [True]
+    collector.shutdown()
