@@ -35,6 +35,8 @@ ENV_KINDS = {
     "mujoco": "HalfCheetah-v5",
     "mujoco-terminating": "Hopper-v5",
     "mujoco-pendulum": "InvertedPendulum-v5",
+    "mujoco-ant": "Ant-v5",
+    "mujoco-humanoid": "Humanoid-v5",
     "cartpole": "CartPole-v1",
     "pendulum": "Pendulum-v1",
     "mountaincar": "MountainCarContinuous-v0",

@@ -10,7 +10,8 @@ step (:class:`rl_app.collection.CollectorState`).
 Kinds of env whose state is saved:
 - an Atari game (ale-py): its emulator, cloned with the emulator's random state;
 - Gymnasium's own MuJoCo envs: the integration state, everything ``mj_step``
-  reads (time, positions, velocities, actuator activations, the solver's warm start, ...);
+  reads (time, positions, velocities, actuator activations, the solver's warm start, ...),
+  and the body positions the last step computed;
 - classic control (CartPole, Pendulum, MountainCar, Acrobot): their ``state`` vector;
 - an env that offers ``get_state()`` and ``set_state(state)`` itself, as the project's goal
   envs do (:mod:`rl_app.envs.goals`): a dict of NumPy arrays and Python values.
@@ -44,6 +45,9 @@ from rl_app.upstream.gymnasium import set_elapsed_steps
 # termination, and Pendulum's ``last_u`` is drawn only.
 CLASSIC_CONTROL = (AcrobotEnv, CartPoleEnv, Continuous_MountainCarEnv, MountainCarEnv, PendulumEnv)
 GYMNASIUM_MUJOCO = "gymnasium.envs.mujoco."
+# Body positions MuJoCo computed in the last step, from the state before its last substep
+# (not from the state it ended in): Ant and Humanoid read them before their next step.
+POSITIONS = ("xpos", "xipos")
 # Gymnasium's wrappers that hold nothing an episode changes; one of this project's says so
 # with ``holds_episode_state = False``.
 STATELESS_WRAPPERS = (OrderEnforcing, PassiveEnvChecker)
@@ -150,7 +154,7 @@ def env_state(env: gym.Env) -> dict[str, Any] | None:
         spec = mujoco.mjtState.mjSTATE_INTEGRATION  # all that mj_step reads
         physics = np.empty(mujoco.mj_stateSize(env.model, spec))
         mujoco.mj_getState(env.model, env.data, physics, spec)
-        return {"physics": physics}
+        return {"physics": physics, **{name: getattr(env.data, name).copy() for name in POSITIONS}}
     if type(env) in CLASSIC_CONTROL:
         return {"state": np.array(env.state)}
     if callable(getattr(env, "get_state", None)) and callable(getattr(env, "set_state", None)):
@@ -169,7 +173,9 @@ def set_env_state(env: gym.Env, state: dict[str, Any]) -> None:
 
         spec = mujoco.mjtState.mjSTATE_INTEGRATION
         mujoco.mj_setState(env.model, env.data, state["physics"], spec)
-        mujoco.mj_forward(env.model, env.data)  # positions etc. follow, as MujocoEnv.set_state
+        mujoco.mj_forward(env.model, env.data)  # what follows from the state, as set_state does
+        for name in POSITIONS:
+            getattr(env.data, name)[...] = state[name]
     elif type(env) in CLASSIC_CONTROL:
         env.state = state["state"]
     else:
