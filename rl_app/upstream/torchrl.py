@@ -26,7 +26,7 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 log = logging.getLogger("rl_app")
 
 
-# -- 1. the Gymnasium env inside a TorchRL env ----------------------------------------------
+# -- 1. the Gymnasium env inside a TorchRL env, and a collector's next step -----------------
 
 
 def gymnasium_env(env: EnvBase) -> gym.Env:
