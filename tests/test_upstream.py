@@ -14,9 +14,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import optuna
 import pytest
 import torch
+from gymnasium.wrappers import TimeLimit
 from tensordict import TensorDict
 from tensordict import utils as tensordict_utils
 from tensordict.nn import TensorDictModule, TensorDictParams, TensorDictSequential
@@ -41,8 +43,10 @@ from xdist.remote import WorkerInteractor
 from rl_app.algorithms import make_algorithm
 from rl_app.checks import load_config
 from rl_app.config import SEGMENT_TREE_MAX_SIZE, EnvConfig
-from rl_app.envs import ReplayableReset, env_factory, make_env
+from rl_app.envs import env_factory, make_env
+from rl_app.envs.resumable import ResumableEnv
 from rl_app.replay.hindsight import HindsightReplayBuffer
+from rl_app.upstream.gymnasium import set_elapsed_steps
 from rl_app.upstream.optuna import resumed_trial
 from rl_app.upstream.pytest import send_to_group
 from rl_app.upstream.tensordict import (
@@ -60,6 +64,7 @@ from rl_app.upstream.torchrl import (
     gymnasium_env,
     lay_out_storage,
     load_sampler_state,
+    next_step_input,
     replay_generator,
     sampler_state,
     set_storage_length,
@@ -73,7 +78,27 @@ from tests.test_her_upstream import SLICE_LEN, UNREACHED, episode, slice_sampler
 
 def test_gym_wrapper_keeps_the_gymnasium_env_in_a_private_attribute() -> None:
     env = make_env(EnvConfig(), seed=0)
-    assert isinstance(gymnasium_env(env), ReplayableReset)
+    assert isinstance(gymnasium_env(env), ResumableEnv)
+
+
+def test_a_collector_still_carries_the_next_step_in_a_private_attribute() -> None:
+    env = make_env(EnvConfig(), seed=0)
+    collector = Collector(env, RandomPolicy(env.action_spec), frames_per_batch=5, total_frames=-1)
+    batch = next(iter(collector))
+    carried = next_step_input(collector)
+    assert torch.equal(carried["observation"], batch["next", "observation"][-1])
+    assert int(carried["step_count"]) == 5
+    # Its own checkpoint state leaves the episode out: a load starts a new trajectory.
+    collector.load_state_dict(collector.state_dict(), strict=False)
+    assert int(next_step_input(collector)["collector", "traj_ids"]) == 1
+    collector.shutdown()
+
+
+def test_time_limit_still_counts_steps_in_a_private_attribute() -> None:
+    env = TimeLimit(gym.make("Pendulum-v1"), max_episode_steps=3)
+    env.reset(seed=0)
+    set_elapsed_steps(env, 2)
+    assert env.step(env.action_space.sample())[3]  # truncated: the count went on from 2
 
 
 def test_weight_sync_receiver_steps_are_still_private_hooks() -> None:

@@ -32,6 +32,7 @@ from torchrl.envs.gym_like import BaseInfoDictReader
 
 from rl_app.config import EnvConfig, NetworkConfig
 from rl_app.envs.atari import is_atari
+from rl_app.envs.resumable import ResumableEnv
 
 # Evaluation episodes use seeds far from the training ones, so that the agent is scored on
 # starts it did not necessarily train from.
@@ -67,23 +68,11 @@ def worker_seed(seed: int, worker: int) -> int:
     return seed + worker * WORKER_SEED_STRIDE
 
 
-class ReplayableReset(gym.Wrapper):
-    """Remembers the random state each episode started from, and whether the episode has
-    taken a step yet: a checkpoint taken at an episode start can then replay its reset."""
-
-    def reset(self, **kwargs: Any) -> Any:
-        self.random_state_before_reset = self.unwrapped.np_random.bit_generator.state
-        self.steps_since_reset = 0
-        return super().reset(**kwargs)
-
-    def step(self, action: Any) -> Any:
-        self.steps_since_reset += 1
-        return super().step(action)
-
-
 class ObservationIndices(gym.ObservationWrapper):
     """Observes only some entries of a flat Box observation (``env.observation_indices``):
     e.g. CartPole's positions without its velocities, a partially observed task."""
+
+    holds_episode_state = False  # rl_app.envs.resumable: nothing to save mid-episode
 
     def __init__(self, env: gym.Env, indices: list[int]) -> None:
         super().__init__(env)
@@ -194,7 +183,7 @@ def make_env(
     vector env's own autoreset is off). ``render_mode`` (one env only) is Gymnasium's, e.g.
     ``"rgb_array"`` for videos."""
     if env.num_envs == 1:
-        gym_env = ReplayableReset(make_gym_env(env, render_mode))
+        gym_env = ResumableEnv(make_gym_env(env, render_mode))
     else:
         gym_env = gym.vector.SyncVectorEnv(
             [functools.partial(make_gym_env, env)] * env.num_envs,

@@ -13,6 +13,7 @@ import gymnasium as gym
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
 from torchrl.data import HERReplayBuffer, PrioritizedSliceSampler, ReplayBuffer, TensorStorage
@@ -25,7 +26,7 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 log = logging.getLogger("rl_app")
 
 
-# -- 1. the Gymnasium env inside a TorchRL env ----------------------------------------------
+# -- 1. the Gymnasium env inside a TorchRL env, and a collector's next step -----------------
 
 
 def gymnasium_env(env: EnvBase) -> gym.Env:
@@ -33,6 +34,15 @@ def gymnasium_env(env: EnvBase) -> gym.Env:
     handle; the collector's checkpoint state needs it to replay an episode's reset.
     Test: ``test_gym_wrapper_keeps_the_gymnasium_env_in_a_private_attribute``."""
     return env.base_env._env
+
+
+def next_step_input(collector: Collector) -> TensorDictBase:
+    """What a direct collector hands its next step: the observation with the transforms'
+    per-episode entries (step count, episode return, ``is_init``, stacked frames) and the
+    trajectory id. TorchRL keeps it in the private ``_carrier``, which its checkpoint state
+    leaves out; updated in place, it resumes an episode. Test:
+    ``test_a_collector_still_carries_the_next_step_in_a_private_attribute``."""
+    return collector._carrier
 
 
 # -- 2. weight pushes to worker processes ---------------------------------------------------
