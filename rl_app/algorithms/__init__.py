@@ -10,10 +10,11 @@ from torchrl.envs import EnvBase
 from rl_app.algorithms.base import Algorithm, goal_dim, observation_dim
 from rl_app.algorithms.dqn import DQN
 from rl_app.algorithms.sac import SAC
+from rl_app.algorithms.td3 import TD3
 from rl_app.config import Config, ConfigError, run_schema, setting
 
 # `algo=` names, each also the key of its algorithm's settings group.
-ALGORITHMS: dict[str, type[Algorithm]] = {"sac": SAC, "dqn": DQN}
+ALGORITHMS: dict[str, type[Algorithm]] = {"sac": SAC, "dqn": DQN, "td3": TD3}
 
 # The schema of a run: the first algorithm is the default.
 RunConfig = run_schema(
