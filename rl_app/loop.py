@@ -58,21 +58,24 @@ class Progress:
     episodes: int = 0
     last_eval_frames: int = 0
     evaluations: int = 0
-    best_eval_reward: float = float("-inf")
-    last_eval_reward: float = float("nan")
+    best_eval_return: float = float("-inf")
+    last_eval_return: float = float("nan")
     # The metrics row of an iteration whose evaluation a stop left owed (saved with it).
     owed_eval: dict[str, float] | None = None
 
-    def record_eval(self, eval_reward: float) -> None:
+    def record_eval(self, eval_return: float) -> None:
         self.evaluations += 1
         self.last_eval_frames = self.frames
-        self.last_eval_reward = eval_reward
-        self.best_eval_reward = max(self.best_eval_reward, eval_reward)
+        self.last_eval_return = eval_return
+        self.best_eval_return = max(self.best_eval_return, eval_return)
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        unknown = set(state) - {item.name for item in dataclasses.fields(self)}
+        if unknown:  # a checkpoint of another layout: say so rather than resume half of it
+            raise ValueError(f"the checkpoint's progress holds unknown counters {sorted(unknown)}")
         for name, value in state.items():
             setattr(self, name, value)
 
@@ -82,8 +85,8 @@ class TrainResult:
     run_dir: Path
     frames: int
     updates: int
-    best_eval_reward: float
-    last_eval_reward: float
+    best_eval_return: float
+    last_eval_return: float
     best_checkpoint: Path | None
     last_checkpoint: Path | None
     stopped_by: str | None  # the signal that stopped the run early, if any
@@ -274,8 +277,8 @@ def summarize(run: Run, stopped_by: str | None) -> TrainResult:
         run_dir=run.run_dir,
         frames=run.progress.frames,
         updates=run.progress.updates,
-        best_eval_reward=run.progress.best_eval_reward,
-        last_eval_reward=run.progress.last_eval_reward,
+        best_eval_return=run.progress.best_eval_return,
+        last_eval_return=run.progress.last_eval_return,
         best_checkpoint=run.checkpoints.best(),
         last_checkpoint=run.checkpoints.latest(),
         stopped_by=stopped_by,
@@ -293,11 +296,11 @@ def unsaved_work(run: Run) -> str:
     )
 
 
-def save_checkpoint(run: Run, eval_reward: float | None) -> None:
+def save_checkpoint(run: Run, eval_return: float | None) -> None:
     # Saving asks worker processes for their state: a stopped worker is the error to report.
     check_workers(run.collector, run.config.env.name)
     try:
-        run.checkpoints.save(run.progress.frames, eval_reward)
+        run.checkpoints.save(run.progress.frames, eval_return)
     except OSError as error:
         check_workers(run.collector, run.config.env.name)
         raise RunFailed(

@@ -213,4 +213,4 @@ def test_td3_preset_learns_pendulum_within_8k_frames(tmp_path: Path) -> None:
     assert config.seed == 0 and config.eval.episodes == 10
     result = train(config)
     assert result.frames == 8_000
-    assert result.last_eval_reward >= -400, result
+    assert result.last_eval_return >= -400, result

@@ -215,7 +215,7 @@ def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase],
         return loss
     # fallback_random: draw random numbers as eager code does, so that a compiled update
     # takes the same step as an uncompiled one and a run may switch on resume. EAGER_SPLIT:
-    # save what eager autograd saves for the backward (0.7x the time on an AMD EPYC); the
+    # save what eager autograd saves for the backward (faster: docs/speed.md); the
     # guard filter spares a recompile after the first evaluation (both: rl_app.upstream).
     options = {"fallback_random": True, "guard_filter_fn": without_tensorclass_memo_guards}
     return torch.compile(loss, options={**options, **EAGER_SPLIT})

@@ -138,7 +138,7 @@ def run_trial(
     elif result.stopped_by is not None:
         return result
     else:
-        objective = {"last": result.last_eval_reward, "best": result.best_eval_reward}
+        objective = {"last": result.last_eval_return, "best": result.best_eval_return}
         study.tell(trial, objective[sweep.settings.objective])
     print(f"trial {trial.number}: {study.trials[trial.number].state.name}", flush=True)
     return None

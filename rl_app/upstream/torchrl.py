@@ -296,8 +296,8 @@ def load_sampler_state(sampler: Sampler, state: dict[str, Any]) -> None:
 class VectorizedSliceSampler(PrioritizedSliceSampler):
     """TorchRL's :class:`PrioritizedSliceSampler`, whose private ``_padded_indices`` (rerun
     after every extend: the slots of each trajectory, left-padded with -1 into one row each)
-    fills its rows in a Python loop over the trajectories: 172 ms of each iteration's 216 ms
-    of sampling with a 1M-frame Atari buffer (docs/speed.md). The same tensor, built in a
+    fills its rows in a Python loop over the trajectories: most of each iteration's sampling
+    with a 1M-frame Atari buffer (docs/speed.md). The same tensor, built in a
     few vectorized operations. Test: ``test_the_prioritized_slice_sampler_still_pads_in_a_loop``."""
 
     def _padded_indices(self, shapes: torch.Tensor, arange: torch.Tensor) -> torch.Tensor:

@@ -174,11 +174,11 @@ def pixel_checkpoints(
     progress, checkpoints = run.progress, run.checkpoints
     journal_dir = run.run_dir / JOURNAL_DIR
     interval = run.config.eval.interval_frames
-    first, first_seconds = timed(lambda: checkpoints.save(progress.frames, eval_reward=0.0))
+    first, first_seconds = timed(lambda: checkpoints.save(progress.frames, eval_return=0.0))
     written, write_seconds = timed(lambda: store_play(run, play, lambda steps: steps >= interval))
     journal_bytes = disk_size(journal_dir)
     progress.frames += written
-    second, save_seconds = timed(lambda: checkpoints.save(progress.frames, eval_reward=0.0))
+    second, save_seconds = timed(lambda: checkpoints.save(progress.frames, eval_return=0.0))
     _, verify_seconds = timed(lambda: verify_checkpoint(first))
     restorable, restorable_seconds = timed(lambda: restorable_from(journal_dir))
     _, load_seconds = timed(lambda: checkpoints.load(first))
