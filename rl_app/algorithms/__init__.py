@@ -1,5 +1,18 @@
 """Algorithms the training loop can run, each behind :class:`rl_app.algorithms.base.Algorithm`,
-and the run's config schema: the core groups and one group per algorithm."""
+and the run's config schema: the core groups and one group per algorithm.
+
+The loop calls an algorithm only through that interface: ``policy`` acts while collecting,
+``update(batch)`` takes one gradient step and writes each step's new priority,
+``checkpoint_components()`` is what a resume needs. Each algorithm declares what the config
+checks of it: the ``actions`` it takes, whether it has a ``recurrent`` network and reads
+``goals``, its own ``settings`` group and its acting policy (``make_policy``).
+
+To add one (``td3.py`` is the worked example): write ``rl_app/algorithms/<name>.py`` with a
+subclass of :class:`~rl_app.algorithms.base.Algorithm` built from a TorchRL loss, its
+settings as a dataclass of :func:`rl_app.config.setting` fields; add it to
+:data:`ALGORITHMS` below (one line and its import); add a preset ``configs/<name>_<env>.yaml``
+and its tests. The ``algo`` choices, the config group and the checks follow from the
+declarations; nothing in the loop, the config loading, replay or collection changes."""
 
 from __future__ import annotations
 

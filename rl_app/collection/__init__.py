@@ -2,15 +2,21 @@
 the learner's weights reach it.
 
 Four topologies, all TorchRL collectors the loop iterates the same way:
-- ``direct``: one env stepped in the learner's process, acting with the learner's policy
-  (built here);
+- ``direct``: one env (or ``env.num_envs``) stepped in the learner's process, acting with
+  the learner's policy (built here);
 - ``sync`` / ``async``: worker processes (:mod:`rl_app.collection.workers`);
 - ``distributed``: SLURM jobs, each batch gathered from every job
   (:mod:`rl_app.collection.distributed`).
 Worker processes and jobs build env and policy from picklable factories and act with a
 snapshot of the learner's weights that changes only when :class:`WeightSync` pushes one. A
 reader of direct mode needs neither.
-"""
+
+To add a topology: write ``rl_app/collection/<name>.py`` with a factory that returns a
+TorchRL collector (``make_<name>_collector(config, policy_factory, devices)``); add its
+name to ``collector.mode``'s choices (``rl_app/config/schema.py``) and a branch to
+:func:`make_collector`, importing the module there only, so that other modes never load
+it; check its settings in ``rl_app/checks.py``; test it on real processes beside
+``tests/test_collection.py``."""
 
 from __future__ import annotations
 

@@ -4,7 +4,12 @@ from presets, overrides and a resumed run (:mod:`~rl_app.config.loading`).
 The ground floor: it names no algorithm, sampler or env and imports no owner. A run's full
 schema (the core groups and one group per algorithm) is assembled in
 :mod:`rl_app.algorithms`; :mod:`rl_app.checks` loads it and runs every owner's check.
-"""
+
+To add a setting: a field with :func:`setting` (its default, doc line and what it
+accepts) in its group in :mod:`~rl_app.config.schema` (an algorithm's own settings live in
+its module); ``on_resume=True`` if a resumed run may change it. A check that involves other
+keys or the machine goes with the part it concerns (``rl_app/replay/checks.py``,
+``rl_app/envs/checks.py``, an algorithm's ``check``, ``rl_app/checks.py``)."""
 
 from rl_app.config.loading import (
     DEFAULT_PRESET,

@@ -1,4 +1,21 @@
-"""Environments: a Gymnasium env wrapped by TorchRL with the transforms every run uses."""
+"""Environments: a Gymnasium env wrapped by TorchRL with the transforms every run uses.
+
+- :func:`make_env` builds every env of a run (training, evaluation, workers) from
+  ``env.*``: a seeded ``GymEnv`` with float observations, a step counter, the episode
+  return and init flags; a recurrent network's state primer; an Atari game's frame stacks
+  and sign-clipped rewards (:mod:`rl_app.envs.atari`);
+- :mod:`rl_app.envs.resumable`: the episode in progress saved in checkpoints, so that a
+  resume continues it;
+- :mod:`rl_app.envs.goals`: the goal-conditioned envs this project ships (bit flipping, a
+  2-D point), registered on import;
+- :mod:`rl_app.envs.checks`: what ``env.*`` is checked against before a run starts.
+
+To add an env: register it with Gymnasium in your own module and give ``env.name=module:id``
+(as ``configs/dqn_bitflip.yaml`` does with :mod:`rl_app.envs.goals`); its action space picks
+the algorithms that fit. A Gymnasium wrapper for every run goes in :func:`make_gym_env`, a
+TorchRL transform in :func:`make_env`, a check of a new ``env.*`` setting in
+:mod:`rl_app.envs.checks`; to resume mid-episode, an env offers ``get_state``/``set_state``
+(:mod:`rl_app.envs.resumable`)."""
 
 from __future__ import annotations
 
