@@ -13,14 +13,13 @@ import argparse
 import logging
 import sys
 
+from rl_app.checks import describe_settings, load_config
 from rl_app.config import (
     DEFAULT_PRESET,
     Config,
     ConfigError,
     available_presets,
     describe_presets,
-    describe_settings,
-    load_config,
     to_yaml,
 )
 
@@ -79,7 +78,7 @@ def train_here(config: Config) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"run directory: {result.run_dir}")
-    print(f"best eval return: {result.best_eval_reward:.1f} (last: {result.last_eval_reward:.1f})")
+    print(f"best eval return: {result.best_eval_return:.1f} (last: {result.last_eval_return:.1f})")
     if result.stopped_by is not None:
         print(
             f"stopped by {result.stopped_by} at {result.frames} frames; "

@@ -38,10 +38,9 @@ from torchrl.checkpoint import (
     StateDictCheckpointAdapter,
 )
 
+from rl_app.logger import EVAL_KEY
 from rl_app.replay.journal import UndoJournal
 
-# The metadata key that ranks checkpoints; absent from one saved without an evaluation.
-EVAL_METRIC = "eval_reward"
 CHECKSUM_FILE = "SHA256SUMS.json"
 # The acting policy's own component, so that playing a run reads nothing else.
 POLICY_COMPONENT = "policy"
@@ -142,15 +141,15 @@ class RunCheckpoints:
         for name, component in components.items():
             self.checkpoint.register(name, component, adapter=adapter_for(component))
         self.rotation = CheckpointRotation(
-            directory, keep_last=keep_last, keep_best=(EVAL_METRIC, "max")
+            directory, keep_last=keep_last, keep_best=(EVAL_KEY, "max")
         )
         self.saved_at = time.monotonic()  # of the last save, or of the run's start here
 
     def seconds_since_save(self) -> float:
         return time.monotonic() - self.saved_at
 
-    def save(self, frames: int, eval_reward: float | None) -> Path:
-        """Save, rotate, and return the new checkpoint's path (``eval_reward``: the
+    def save(self, frames: int, eval_return: float | None) -> Path:
+        """Save, rotate, and return the new checkpoint's path (``eval_return``: the
         evaluation just made, or None); start its replay journal and delete the journals
         no kept checkpoint needs. Saving at the frames of an existing checkpoint replaces it.
 
@@ -169,7 +168,7 @@ class RunCheckpoints:
         if self.journal is not None:
             self.journal.start(frames)
         # Saved and pruned here rather than by rotation.save, which requires the metric.
-        metadata = {} if eval_reward is None else {EVAL_METRIC: eval_reward}
+        metadata = {} if eval_return is None else {EVAL_KEY: eval_return}
         saved = self.checkpoint.save(
             checkpoint_path(self.rotation.directory, frames), metadata=metadata
         )
@@ -186,10 +185,10 @@ class RunCheckpoints:
         best = self.best()
         if best is None:
             return
-        metric = Checkpoint.manifest(best)["metadata"][EVAL_METRIC]
+        metric = Checkpoint.manifest(best)["metadata"][EVAL_KEY]
         index = self.rotation.directory / BEST_INDEX
         staged = index.with_name(f".{BEST_INDEX}.staged")
-        staged.write_text(json.dumps({"checkpoint": best.name, EVAL_METRIC: metric}) + "\n")
+        staged.write_text(json.dumps({"checkpoint": best.name, EVAL_KEY: metric}) + "\n")
         os.replace(staged, index)
 
     def latest(self) -> Path | None:

@@ -28,7 +28,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from omegaconf import OmegaConf
 
-from rl_app.config import CONFIG_FILE, Config, flatten
+from rl_app.algorithms import RunConfig
+from rl_app.config import flatten
 from rl_app.logger import (
     EVAL_KEY,
     METRICS_FILE,
@@ -36,6 +37,7 @@ from rl_app.logger import (
     label_eval_axes,
     read_metrics,
 )
+from rl_app.rundir import CONFIG_FILE
 
 # Keys that do not make two runs different experiments.
 BOOKKEEPING_KEYS = ("seed", "run_dir", "launcher", "threads")
@@ -87,7 +89,7 @@ class GroupSummary:
 def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The settings that make an experiment, from a run's saved config. A key the run's
     config lacks (a setting added since the run was made) counts as its default."""
-    flat = {**flatten(dataclasses.asdict(Config())), **flatten(config)}
+    flat = {**flatten(dataclasses.asdict(RunConfig())), **flatten(config)}
     return {
         key: value
         for key, value in flat.items()

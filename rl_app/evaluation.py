@@ -130,7 +130,7 @@ def episode_env(
         render_mode=render_mode,
         network=config.network,
     )
-    gymnasium_env(env).replay_reset_from(start)
+    gymnasium_env(env).unwrapped.np_random.bit_generator.state = start
     return env
 
 

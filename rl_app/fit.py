@@ -26,21 +26,12 @@ import torch
 from torchrl.envs import EnvBase
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import CHECKPOINTS_DIR, JOURNAL_DIR, REPLAY_DIR, Config, ConfigError
+from rl_app.config import Config, ConfigError
 from rl_app.envs import make_env
 from rl_app.replay import stored_transition
+from rl_app.rundir import CHECKPOINTS_DIR, JOURNAL_DIR, REPLAY_DIR
+from rl_app.upstream.torchrl import GENERATION_BYTES, TREE_LEAF_BYTES, TREE_VALUE_BYTES
 
-# What TorchRL 0.14.1 keeps per slot of the buffer (measured: docs/capacity.md).
-# The prioritized sampler's two segment trees (sum and min) each hold 2 x the power of two
-# above the capacity of float32 values.
-TREE_VALUE_BYTES = 4
-# The writer stamps every slot with a generation (int64), kept where the storage is and
-# saved in each checkpoint; the buffer holding them doubles as the storage fills.
-GENERATION_BYTES = 8
-# A checkpoint saves the trees' leaves, a float32 each per slot; saving them copies the
-# trees first (TorchRL's state_dict), then reads the leaves out, next to a copy of the
-# generations.
-TREE_LEAF_BYTES = 8
 # RunCheckpoints.save asks for 1.1x a checkpoint of free disk before writing one.
 SAVE_MARGIN = 1.1
 # cgroup v2 and v1 memory controllers: where they are mounted, their limit and usage files.

@@ -1,7 +1,7 @@
 """The training loop: ``train(config)`` builds a run from its factories (or resumes one
 from its newest good checkpoint), then tells the story of one iteration, again and again:
 
-    collect -> extend -> sample -> update -> priorities (-> recurrent states)
+    collect -> extend -> sample -> update -> write back (priorities, ...)
             -> weight sync -> evaluate -> log -> checkpoint
 
 Metrics are logged before the checkpoint that covers them (or, when a stop left the
@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 from torchrl.collectors import BaseCollector
-from torchrl.data import TensorDictReplayBuffer
 
 from rl_app.algorithms import Algorithm
 from rl_app.checkpointing import RunCheckpoints, checkpoint_frames
@@ -35,13 +34,7 @@ from rl_app.envs import SUCCESS_KEY
 from rl_app.evaluation import evaluate
 from rl_app.interrupts import Abandoned, StopRequest
 from rl_app.logger import EVAL_KEY, RunLogger
-from rl_app.replay import (
-    recurrent_state_drift,
-    sample_batches,
-    write_priorities,
-    write_recurrent_states,
-)
-from rl_app.replay.frames import extend_buffer, stack_frames
+from rl_app.replay import RunReplayBuffer
 from rl_app.video import record_evaluation_video
 
 log = logging.getLogger("rl_app")
@@ -65,21 +58,24 @@ class Progress:
     episodes: int = 0
     last_eval_frames: int = 0
     evaluations: int = 0
-    best_eval_reward: float = float("-inf")
-    last_eval_reward: float = float("nan")
+    best_eval_return: float = float("-inf")
+    last_eval_return: float = float("nan")
     # The metrics row of an iteration whose evaluation a stop left owed (saved with it).
     owed_eval: dict[str, float] | None = None
 
-    def record_eval(self, eval_reward: float) -> None:
+    def record_eval(self, eval_return: float) -> None:
         self.evaluations += 1
         self.last_eval_frames = self.frames
-        self.last_eval_reward = eval_reward
-        self.best_eval_reward = max(self.best_eval_reward, eval_reward)
+        self.last_eval_return = eval_return
+        self.best_eval_return = max(self.best_eval_return, eval_return)
 
     def state_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        unknown = set(state) - {item.name for item in dataclasses.fields(self)}
+        if unknown:  # a checkpoint of another layout: say so rather than resume half of it
+            raise ValueError(f"the checkpoint's progress holds unknown counters {sorted(unknown)}")
         for name, value in state.items():
             setattr(self, name, value)
 
@@ -89,8 +85,8 @@ class TrainResult:
     run_dir: Path
     frames: int
     updates: int
-    best_eval_reward: float
-    last_eval_reward: float
+    best_eval_return: float
+    last_eval_return: float
     best_checkpoint: Path | None
     last_checkpoint: Path | None
     stopped_by: str | None  # the signal that stopped the run early, if any
@@ -100,8 +96,8 @@ class TrainResult:
 # The phases of an iteration, in order: wall time is kept per phase (a run's result holds
 # it: ``TrainResult.seconds_per_phase``), and an error message names the phase it happened in.
 PHASES = (
-    "collecting", "extending the buffer", "sampling", "updating", "writing priorities",
-    "refreshing recurrent states", "checking metrics", "syncing weights", "evaluating",
+    "collecting", "extending the buffer", "sampling", "updating", "writing back",
+    "checking metrics", "syncing weights", "evaluating",
     "recording a video", "logging", "saving a checkpoint",
 )  # fmt: skip
 
@@ -134,7 +130,7 @@ class Run:
     run_dir: Path
     devices: Devices
     algorithm: Algorithm
-    buffer: TensorDictReplayBuffer
+    buffer: RunReplayBuffer
     collector: BaseCollector
     weight_sync: WeightSync
     progress: Progress
@@ -169,36 +165,26 @@ def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:
             progress.episodes += episodes_ended(batch)
             algorithm.after_collect(batch.numel())
             with phases("extending the buffer"):
-                extend_buffer(buffer, batch, algorithm.replay_keys())
+                buffer.extend(batch)
 
-            update_metrics, state_metrics = [], {}
+            update_metrics, replay_metrics = [], {}
             if config.optim.anneal_lr:
                 set_learning_rate(algorithm.optimizer, annealed_lr(config, progress.frames))
             if progress.frames >= config.collector.init_random_frames:
                 with phases("sampling"):
-                    samples = sample_batches(
-                        buffer,
-                        config.replay,
-                        config.optim.batch_size,
-                        updates,
-                        run.devices.learner,
-                        functools.partial(stack_frames, buffer),
-                    )
+                    samples = buffer.sample_batches(config.optim.batch_size, updates)
                 for sample in samples:
                     with phases("updating"):
                         update_metrics.append(algorithm.update(sample))
-                sampled = torch.cat(samples)
-                with phases("writing priorities"):
-                    write_priorities(buffer, sampled)
-                with phases("refreshing recurrent states"):
-                    state_metrics = refresh_recurrent_states(run, sampled)
+                with phases("writing back"):
+                    replay_metrics = buffer.write_back(samples)
                 progress.updates += updates
             with phases("checking metrics"):
                 metrics = iteration_metrics(
                     batch, update_metrics, progress, run.weight_sync.version
                 )
                 metrics["train/lr"] = algorithm.optimizer.param_groups[0]["lr"]
-                metrics.update(state_metrics)
+                metrics.update(replay_metrics)
                 refuse_non_finite(metrics, run)
 
             if progress.iterations % config.collector.sync_every == 0:
@@ -286,28 +272,13 @@ def updates_per_iteration(config: Config) -> int:
     return max(1, round(config.collector.frames_per_batch * config.optim.utd_ratio))
 
 
-def refresh_recurrent_states(run: Run, sequences: TensorDictBase) -> dict[str, float]:
-    """Recompute the recurrent states of the sampled records with the current weights and,
-    with ``replay.refresh_states``, write them back into the records still in the buffer,
-    so that later samples start from fresher states. Returns how far the stored states
-    were from the recomputed ones (``train/state_drift``), and how many records were
-    refreshed; nothing without a recurrent network."""
-    states = run.algorithm.recurrent_states(sequences)
-    if states is None:
-        return {}
-    metrics = {"train/state_drift": recurrent_state_drift(sequences, states)}
-    if run.config.replay.refresh_states:
-        metrics["train/states_refreshed"] = write_recurrent_states(run.buffer, sequences, states)
-    return metrics
-
-
 def summarize(run: Run, stopped_by: str | None) -> TrainResult:
     return TrainResult(
         run_dir=run.run_dir,
         frames=run.progress.frames,
         updates=run.progress.updates,
-        best_eval_reward=run.progress.best_eval_reward,
-        last_eval_reward=run.progress.last_eval_reward,
+        best_eval_return=run.progress.best_eval_return,
+        last_eval_return=run.progress.last_eval_return,
         best_checkpoint=run.checkpoints.best(),
         last_checkpoint=run.checkpoints.latest(),
         stopped_by=stopped_by,
@@ -325,11 +296,11 @@ def unsaved_work(run: Run) -> str:
     )
 
 
-def save_checkpoint(run: Run, eval_reward: float | None) -> None:
+def save_checkpoint(run: Run, eval_return: float | None) -> None:
     # Saving asks worker processes for their state: a stopped worker is the error to report.
     check_workers(run.collector, run.config.env.name)
     try:
-        run.checkpoints.save(run.progress.frames, eval_reward)
+        run.checkpoints.save(run.progress.frames, eval_return)
     except OSError as error:
         check_workers(run.collector, run.config.env.name)
         raise RunFailed(

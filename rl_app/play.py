@@ -31,10 +31,12 @@ from rl_app.checkpointing import (
     load_component,
     recorded_best,
 )
-from rl_app.config import CHECKPOINTS_DIR, CONFIG_FILE, Config, ConfigError, read_run_config
+from rl_app.checks import read_run_config
+from rl_app.config import Config, ConfigError
 from rl_app.envs import make_env
 from rl_app.evaluation import evaluation_env, play_episodes
 from rl_app.rendering import RENDER_MODE, render_problem
+from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 from rl_app.video import episode_horizon, render_fps, write_play_video
 
 

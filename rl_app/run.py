@@ -30,15 +30,7 @@ from rl_app.collection import (
     decide_devices,
     make_collector,
 )
-from rl_app.config import (
-    CHECKPOINTS_DIR,
-    CONFIG_FILE,
-    JOURNAL_DIR,
-    REPLAY_DIR,
-    Config,
-    holds_checkpoint,
-    to_yaml,
-)
+from rl_app.config import Config, holds_checkpoint, to_yaml
 from rl_app.envs import make_env
 from rl_app.fit import check_fit
 from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, RunLogger
@@ -60,6 +52,7 @@ from rl_app.replay.journal import (
     UndoJournal,
     restorable_from,
 )
+from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE, JOURNAL_DIR, REPLAY_DIR
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
 from rl_app.upstream.glibc import keep_freed_memory
 from rl_app.upstream.tensordict import ignore_inline_modules_deprecation, skip_pandas_lookups
@@ -115,10 +108,19 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     devices = decide_devices(config)
     spec_env = make_env(config.env, config.seed, network=config.network)
     algorithm = make_algorithm(config, spec_env, devices.learner)
-    transition = stored_transition(spec_env, algorithm.replay_keys())
+    keys = algorithm.replay_keys()
+    transition = stored_transition(spec_env, keys)
     # A goal env's reward and termination for other goals are functions of the goals alone,
     # which hindsight relabelling asks of this env after it is closed.
-    buffer = make_replay_buffer(config.replay, run_dir / REPLAY_DIR, config.seed, spec_env)
+    buffer = make_replay_buffer(
+        config.replay,
+        run_dir / REPLAY_DIR,
+        config.seed,
+        spec_env,
+        keys=keys,
+        device=devices.learner,
+        recurrent_states=algorithm.recurrent_states if config.network.recurrent != "none" else None,
+    )
     spec_env.close()
     try:
         allocate_storage(buffer, transition)

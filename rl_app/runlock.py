@@ -20,7 +20,8 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from rl_app.config import HOLDER_FILE, LOCK_FILE, ConfigError
+from rl_app.config import ConfigError
+from rl_app.rundir import HOLDER_FILE, LOCK_FILE
 
 
 class RunDirUnwritable(Exception):

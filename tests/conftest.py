@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_app.config import Config, load_config
+from rl_app.checks import load_config
+from rl_app.config import Config
 from rl_app.upstream.pytest import send_to_group
 from tests.helpers import TINY_RUN, UP_SCRIPT
 

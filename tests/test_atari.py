@@ -19,13 +19,11 @@ from rl_app.replay import (
     TRAJECTORY_KEY,
     allocate_storage,
     make_replay_buffer,
-    sample_batches,
     stored_transition,
 )
 from rl_app.replay.frames import (
     RESET_STEP,
     STEP_KEY,
-    extend_buffer,
     random_shift,
     reset_trajectory,
     stack_frames,
@@ -63,10 +61,10 @@ def stored_buffer(config, play: list[TensorDict], capacity: int, directory: Path
     replay = ReplayConfig(capacity=capacity, sampler="prioritized_slice", slice_len=SLICE_LEN)
     env = make_env(config.env, config.seed)
     keys = make_algorithm(config, env, torch.device("cpu")).replay_keys()
-    buffer = make_replay_buffer(replay, directory, seed=0)
+    buffer = make_replay_buffer(replay, directory, seed=0, keys=keys)
     allocate_storage(buffer, stored_transition(env, keys))
     for batch in play:
-        extend_buffer(buffer, batch, keys)
+        buffer.extend(batch)
     return buffer
 
 
@@ -109,13 +107,12 @@ def test_rebuilt_stacks_are_the_env_stacks_bit_for_bit(
     assert len(buffer) == FRAMES + int((steps[STEP_KEY] == 0).sum())  # one reset slot each
 
     # Every stored step, episode starts and ends included.
-    everything = stack_frames(buffer, every_step(buffer))
+    everything = stack_frames(buffer.storage, every_step(buffer))
     assert len(everything) == FRAMES and everything[LOSS_MASK_KEY].all()
     assert_env_stacks(everything, stacks)
 
-    # As the loop samples: prioritized slices of four steps.
-    batches = sample_batches(buffer, atari_config.replay, 32, count=200)
-    sampled = torch.cat([stack_frames(buffer, batch) for batch in batches])
+    # As the loop samples: prioritized slices of four steps, their stacks rebuilt.
+    sampled = torch.cat(buffer.sample_batches(32, 200))
     assert sampled.shape == (200 * 32 // SLICE_LEN, SLICE_LEN)
     assert sampled[LOSS_MASK_KEY].all()
     assert not (sampled[STEP_KEY] == RESET_STEP).any()  # reset slots are never drawn
@@ -129,7 +126,7 @@ def test_stacks_reaching_overwritten_slots_are_masked_and_the_rest_exact(
     buffer = stored_buffer(atari_config, play, capacity=700, directory=tmp_path)
     stored = buffer.storage.get(torch.arange(len(buffer)))
     frames_held = set(step_keys(stored))  # whose next frame each slot holds
-    everything = stack_frames(buffer, every_step(buffer))
+    everything = stack_frames(buffer.storage, every_step(buffer))
 
     def whole(trajectory: int, step: int) -> bool:
         # Frame p of an episode is held by step p - 1's slot, p = 0 by its reset slot.
@@ -152,7 +149,7 @@ def test_masked_steps_do_not_reach_the_loss(
     env = make_env(atari_config.env, atari_config.seed)
     algorithm = make_algorithm(atari_config, env, torch.device("cpu"))
     buffer = stored_buffer(atari_config, play, capacity=4_096, directory=tmp_path)
-    batch = stack_frames(buffer, sample_batches(buffer, atari_config.replay, 32, count=1)[0])
+    batch = buffer.sample_batches(32, 1)[0]
     batch[LOSS_MASK_KEY][:, 0] = False  # as if each slice's first stacks were lost
 
     def loss(sample: TensorDict) -> torch.Tensor:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import copy
 import multiprocessing
+import os
 import re
-import sys
 import time
 from pathlib import Path
 
@@ -207,7 +207,7 @@ def test_the_worker_named_is_one_that_ended_by_itself() -> None:
     closed, terminated, failed = (
         context.Process(target=time.sleep, args=(60,)),
         context.Process(target=time.sleep, args=(60,)),
-        context.Process(target=sys.exit, args=(1,)),
+        context.Process(target=os._exit, args=(1,)),
     )
     for process in (closed, terminated, failed):
         process.start()

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rl_app.checks import load_config
 from rl_app.compare import FIGURE_FILE, TABLE_FILE, compare
-from rl_app.config import load_config, to_yaml
+from rl_app.config import to_yaml
 from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
 from rl_app.run import train
 from tests.helpers import PYTHON, ROOT

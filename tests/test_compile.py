@@ -11,7 +11,8 @@ import torch
 
 from rl_app.algorithms import make_algorithm
 from rl_app.algorithms.base import CUDA_GRAPH_WARMUP
-from rl_app.config import ConfigError, load_config
+from rl_app.checks import load_config
+from rl_app.config import ConfigError
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.replay import PRIORITY_KEY

@@ -3,12 +3,15 @@ with one line that names the key, before anything is created."""
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 from pathlib import Path
 
 import pytest
 import yaml
 
-from rl_app.config import load_config
+from rl_app.algorithms import ALGORITHMS, RunConfig
+from rl_app.checks import load_config
 from tests.helpers import run_train
 
 
@@ -80,3 +83,15 @@ def test_print_config_resolves_preset_and_overrides(tmp_path: Path) -> None:
 def test_every_preset_validates() -> None:
     for preset in (Path(__file__).parent.parent / "configs").glob("*.yaml"):
         assert load_config(preset.stem).env.name
+
+
+def test_the_run_schema_holds_every_registered_algorithm() -> None:
+    """``algo`` names the registry's algorithms and each brings its own group; a config
+    pickles (worker processes and SLURM jobs receive it so) with every group."""
+    algo = next(item for item in dataclasses.fields(RunConfig) if item.name == "algo")
+    assert algo.metadata["choices"] == tuple(ALGORITHMS)
+    groups = {item.name for item in dataclasses.fields(RunConfig)}
+    assert {name for name, kind in ALGORITHMS.items() if kind.settings} <= groups
+    config = load_config("dqn_cartpole", ["dqn.eps_end=0.1", "sac.tau=0.01"])
+    assert pickle.loads(pickle.dumps(config)) == config
+    assert isinstance(config.dqn, ALGORITHMS["dqn"].settings)

@@ -16,12 +16,12 @@ from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import checkpoint_candidates, verify_checkpoint
 from rl_app.collection import decide_devices, make_collector
 from rl_app.collection.distributed import relabel_trajectory_ids
-from rl_app.config import CHECKPOINTS_DIR
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed
 from rl_app.replay import TRAJECTORY_KEY
 from rl_app.run import train
+from rl_app.rundir import CHECKPOINTS_DIR
 from tests.helpers import (
     PYTHON,
     TINY_RUN,

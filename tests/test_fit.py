@@ -17,14 +17,8 @@ from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import (
-    CHECKPOINTS_DIR,
-    HOLDS_PREFIX,
-    PRESETS_DIR,
-    REPLAY_DIR,
-    available_presets,
-    load_config,
-)
+from rl_app.checks import load_config
+from rl_app.config import HOLDS_PREFIX, PRESETS_DIR, available_presets
 from rl_app.envs import make_env
 from rl_app.fit import available_ram, footprint, holds, transition_bytes
 from rl_app.loop import RunFailed
@@ -35,6 +29,7 @@ from rl_app.replay import (
     stored_transition,
 )
 from rl_app.run import build_run, train
+from rl_app.rundir import CHECKPOINTS_DIR, REPLAY_DIR
 from tests.helpers import PYTHON, RECURRENT_DQN, ROOT, TINY_RUN, TRAIN_PY, run_train
 
 SMALL_DISK = 8 * 2**20  # bytes of the tmpfs below

@@ -14,17 +14,17 @@ import torch
 from tensordict import TensorDict
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import ConfigError, EnvConfig, ReplayConfig, load_config
-from rl_app.envs import SUCCESS_KEY, make_env
+from rl_app.checks import load_config
+from rl_app.config import ConfigError, EnvConfig, ReplayConfig
+from rl_app.envs import make_env
 from rl_app.envs.goals import BIT_FLIP_IDS, BitFlippingEnv
-from rl_app.evaluation import evaluate, success_rate
+from rl_app.evaluation import evaluate
 from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
 from rl_app.replay import (
     NEXT_ACHIEVED_GOAL,
     PRIORITY_KEY,
     TRAJECTORY_KEY,
     make_replay_buffer,
-    sample_batches,
     slice_priorities,
     write_priorities,
 )
@@ -127,8 +127,8 @@ def test_reward_and_termination_are_the_envs_for_the_new_goal(sampler: str, tmp_
 
 
 def test_each_update_gets_its_share_of_relabelled_transitions(tmp_path: Path) -> None:
-    replay, buffer = relabelling_buffer(tmp_path, "future", her_ratio=0.5)
-    batches = sample_batches(buffer, replay, batch_size=32, count=4)
+    _, buffer = relabelling_buffer(tmp_path, "future", her_ratio=0.5)
+    batches = buffer.sample_batches(32, 4)
     for batch in batches:
         assert int((batch["desired_goal"] != UNREACHED).sum()) == 16
 
@@ -145,14 +145,6 @@ def test_the_q_network_reads_the_desired_goal_and_the_buffer_keeps_what_relabels
     assert not torch.equal(algorithm.policy(step)["action_value"], values)
     off = load_config("dqn_bitflip", ["replay.her_ratio=0", "run_dir=runs/unused"])
     assert NEXT_ACHIEVED_GOAL not in make_algorithm(off, env, torch.device("cpu")).replay_keys()
-
-
-def test_success_rate_is_the_share_of_episodes_ending_at_their_goal() -> None:
-    ends = torch.tensor([0, 1, 0, 0, 1, 1], dtype=torch.bool).unsqueeze(-1)
-    success = torch.tensor([0, 1, 1, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
-    episodes = TensorDict({"next": {"done": ends, SUCCESS_KEY: success}}, [6])
-    assert success_rate(episodes) == {"success_rate": pytest.approx(2 / 3)}
-    assert success_rate(episodes.exclude(("next", SUCCESS_KEY))) == {}
 
 
 def test_evaluation_reports_the_success_rate_of_a_goal_env_only(tiny_config) -> None:
@@ -192,10 +184,10 @@ def test_settings_hindsight_relabelling_cannot_serve_are_refused(
 def test_a_relabelled_slice_has_one_goal_and_its_priority_is_its_own_td_error(
     tmp_path: Path,
 ) -> None:
-    replay, buffer = relabelling_buffer(
+    _, buffer = relabelling_buffer(
         tmp_path, "future", her_ratio=0.5, sampler="prioritized_slice", slice_len=2, alpha=1.0
     )
-    batches = sample_batches(buffer, replay, batch_size=16, count=4)
+    batches = buffer.sample_batches(16, 4)
     for batch in batches:
         goals = batch["desired_goal"]
         assert batch.shape == (8, 2) and (goals == goals[:, :1]).all()

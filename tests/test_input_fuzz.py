@@ -18,9 +18,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import train
+from rl_app.algorithms import RunConfig
 from rl_app.config import settings_of
 
-KEYS = [key for key, _, _ in settings_of()]
+KEYS = [key for key, _, _ in settings_of(RunConfig)]
 GROUPS = sorted({key.split(".")[0] for key in KEYS if "." in key})
 # env.name values stay among harmless ones: "module:id" imports the module.
 ENV_NAMES = ["Pendulum-v1", "CartPole-v1", "NoSuchEnv-v0", "MountainCar-v0", "Pendül-v1", ""]
@@ -31,10 +32,10 @@ EXTREMES = ["1e99", "-1e99", "1e308", "1e309", str(2**63), str(-(2**63) - 1), st
             str(2**62), str(2**59), "2e9", "-0", "-0.0", "inf", "-inf", ".inf", ".nan",
             "4.9e-324"]  # fmt: skip
 NUMBER_KEYS = [
-    key for key, item, _ in settings_of()
+    key for key, item, _ in settings_of(RunConfig)
     if str(item.type).removesuffix("| None").strip() in ("int", "float", "list[int]")
 ]  # fmt: skip
-LIST_KEYS = [key for key, item, _ in settings_of() if str(item.type).startswith("list")]
+LIST_KEYS = [key for key, item, _ in settings_of(RunConfig) if str(item.type).startswith("list")]
 
 texts = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 values = st.one_of(

@@ -115,12 +115,28 @@ def test_tools_take_from_the_loop_only_what_it_offers_them() -> None:
                 assert names <= TOOLS_FROM_THE_LOOP, f"{path}: {names - TOOLS_FROM_THE_LOOP}"
 
 
+def test_the_config_package_imports_no_owner() -> None:
+    """The schema and its loading sit on the ground floor: algorithms, envs, replay and
+    collection bring their settings and checks to it, never the other way round."""
+    owners = ("rl_app.algorithms", "rl_app.envs", "rl_app.replay", "rl_app.collection")
+    program = f"""
+import sys
+import rl_app.config
+print(sorted(m for m in sys.modules if m.startswith({owners!r}) or m == "gymnasium"))
+"""
+    result = subprocess.run(
+        [PYTHON, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_a_direct_run_loads_no_scale_out_module(tmp_path: Path) -> None:
     program = f"""
 import sys, torch
 from rl_app.algorithms import make_algorithm
 from rl_app.collection import decide_devices, make_collector
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.envs import make_env
 from rl_app import loop
 config = load_config("default", ["run_dir={tmp_path / "run"}", "network.hidden_sizes=[8]"])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
 from rl_app.loop import TrainResult
 from rl_app.play import play
@@ -49,14 +49,14 @@ def test_default_sac_learns_pendulum_within_8k_frames(tmp_path: Path) -> None:
     result = train_preset("default", tmp_path, *trained_for(8_000))
     assert result.frames == 8_000
     assert final_policy_on_common_starts(result) >= -300
-    assert result.last_eval_reward >= -400, result
+    assert result.last_eval_return >= -400, result
 
 
 @pytest.mark.slow
 def test_dqn_preset_learns_cartpole_within_25k_frames(tmp_path: Path) -> None:
     # A random policy scores about 20; seed 0 ends at 487 here, at 500 from 30k frames on.
     result = train_preset("dqn_cartpole", tmp_path, *trained_for(25_600))
-    assert result.last_eval_reward >= 300, result
+    assert result.last_eval_return >= 300, result
 
 
 # The goal presets, shortened: bit flipping on 10 bits for 4,500 frames with 50 evaluation
@@ -93,7 +93,7 @@ def test_default_sac_solves_pendulum_within_20k_frames(tmp_path: Path) -> None:
     assert result.frames == 20_000
     # Seed 0's final policy scores about -150 on the common starts.
     assert final_policy_on_common_starts(result) >= -200
-    assert result.last_eval_reward >= -400, result
+    assert result.last_eval_return >= -400, result
 
 
 @pytest.mark.release
@@ -102,4 +102,4 @@ def test_dqn_preset_ends_with_a_learned_cartpole_policy(tmp_path: Path) -> None:
     assert result.frames <= 50_000
     # The final policy, not the best one seen, must hold the pole (500 is the most an
     # episode gives). Seeds 0-5 each end at 500 (docs/replay-and-targets.md).
-    assert result.last_eval_reward >= 475, result
+    assert result.last_eval_return >= 475, result

@@ -19,9 +19,10 @@ from PIL import Image
 from torchcodec.decoders import VideoDecoder
 from torchrl.checkpoint import Checkpoint
 
-from rl_app.checkpointing import BEST_INDEX, EVAL_METRIC, recorded_best
-from rl_app.config import ConfigError, load_config, to_yaml
-from rl_app.logger import read_metrics
+from rl_app.checkpointing import BEST_INDEX, recorded_best
+from rl_app.checks import load_config
+from rl_app.config import ConfigError, to_yaml
+from rl_app.logger import EVAL_KEY, read_metrics
 from rl_app.play import load_policy, play
 from rl_app.run import train
 from tests.helpers import PYTHON, ROOT, TINY_RUN
@@ -71,7 +72,7 @@ def listing(run_dir: Path) -> dict[str, tuple[int, int]]:
 
 
 def recorded_eval(checkpoint: Path) -> float:
-    return Checkpoint.manifest(checkpoint)["metadata"][EVAL_METRIC]
+    return Checkpoint.manifest(checkpoint)["metadata"][EVAL_KEY]
 
 
 def play_in_a_fresh_process(run_dir: Path, checkpoint: str) -> dict:

@@ -23,11 +23,9 @@ from rl_app.replay import (
     SLICE_PRIORITY_ETA,
     TRAJECTORY_KEY,
     make_replay_buffer,
-    recurrent_state_drift,
-    sample_batches,
     write_priorities,
-    write_recurrent_states,
 )
+from rl_app.replay.recurrent import recurrent_state_drift, write_recurrent_states
 from rl_app.run import train
 from tests.test_targets import stored_priorities
 
@@ -107,7 +105,7 @@ def test_the_loss_unrolls_states_and_next_states_as_they_were_acted_with(recurre
     config, algorithm, play, _ = recurrent("optim.target=td0")
     buffer = make_replay_buffer(config.replay, Path(config.run_dir) / "replay-q", 0)
     buffer.extend(play.select(*algorithm.replay_keys(), TRAJECTORY_KEY, "action_value"))
-    batch = sample_batches(buffer, config.replay, 240, 1)[0]
+    batch = buffer.sample_batches(240, 1)[0]
     acted = batch.pop("action_value")  # the Q-values each frame's action was chosen from
     valid = batch["validity_mask"]
     with set_recurrent_mode(True), torch.no_grad():
@@ -140,7 +138,7 @@ def loss_and_grads(algorithm, batch: TensorDict) -> tuple[torch.Tensor, list[tor
 
 def test_burn_in_and_padded_steps_do_not_reach_the_loss(recurrent) -> None:
     config, algorithm, _, buffer = recurrent()
-    batch = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    batch = buffer.sample_batches(config.optim.batch_size, 1)[0]
     window = config.replay.burn_in + config.replay.slice_len
     assert batch.shape == (config.optim.batch_size // config.replay.slice_len, window)
     learning, valid = batch["learning_mask"], batch["validity_mask"]
@@ -161,8 +159,8 @@ def test_burn_in_and_padded_steps_do_not_reach_the_loss(recurrent) -> None:
 
 
 def test_a_window_restarts_its_recurrence_at_its_first_valid_record(recurrent) -> None:
-    config, _, _, buffer = recurrent()
-    batch = sample_batches(buffer, config.replay, 240, 1)[0]
+    _, _, _, buffer = recurrent()
+    batch = buffer.sample_batches(240, 1)[0]
     valid = batch["validity_mask"]
     before_start = ~valid[:, 0]  # burn-in reached back past the episode start
     assert before_start.any()
@@ -175,8 +173,8 @@ def test_a_window_restarts_its_recurrence_at_its_first_valid_record(recurrent) -
 
 
 def test_refreshed_states_go_only_into_records_still_in_the_buffer(recurrent) -> None:
-    config, algorithm, play, buffer = recurrent("replay.capacity=1200")
-    sequences = sample_batches(buffer, config.replay, 480, 1)[0]
+    _, algorithm, play, buffer = recurrent("replay.capacity=1200")
+    sequences = buffer.sample_batches(480, 1)[0]
     # Make the learner's weights differ from those the states were collected with.
     with torch.no_grad():
         for parameter in algorithm.policy.parameters():
@@ -206,7 +204,7 @@ def test_refreshed_states_go_only_into_records_still_in_the_buffer(recurrent) ->
 
 def test_sequence_priorities_follow_the_documented_rule_and_steer_sampling(recurrent) -> None:
     config, algorithm, _, buffer = recurrent()
-    batch = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    batch = buffer.sample_batches(config.optim.batch_size, 1)[0]
     algorithm.update(batch)
     assert write_priorities(buffer, batch) == 0
     counted = batch[LOSS_MASK_KEY]
@@ -221,7 +219,7 @@ def test_sequence_priorities_follow_the_documented_rule_and_steer_sampling(recur
 
     def share_anchored_at(anchor: torch.Tensor, draws: int = 200) -> float:
         drawn = [
-            sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]["anchor_index"]
+            buffer.sample_batches(config.optim.batch_size, 1)[0]["anchor_index"]
             for _ in range(draws)
         ]
         return (torch.cat(drawn)[:, 0] == anchor).float().mean().item()

@@ -3,10 +3,15 @@ change what is sampled; and learning targets bootstrap through `terminated` only
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import pytest
 import torch
+import torchrl.data.replay_buffers.her
+import torchrl.modules.tensordict_module.rnn
 from tensordict import TensorDict
 
 from rl_app.algorithms import make_algorithm
@@ -15,10 +20,15 @@ from rl_app.envs import make_env
 from rl_app.replay import (
     PRIORITY_KEY,
     TRAJECTORY_KEY,
+    RunReplayBuffer,
+    frames,
+    hindsight,
     make_replay_buffer,
-    sample_batches,
+    recurrent,
+    sequences,
     write_priorities,
 )
+from rl_app.run import train
 from tests.helpers import random_play
 
 SLICE_LEN = 4
@@ -42,8 +52,7 @@ def test_one_sampler_call_draws_an_iteration_of_batches_in_time_order(
     cartpole_play: TensorDict, tmp_path: Path
 ) -> None:
     buffer = filled_buffer(cartpole_play, "prioritized_slice", tmp_path)
-    replay = ReplayConfig(sampler="prioritized_slice", slice_len=SLICE_LEN)
-    batches = sample_batches(buffer, replay, SLICE_LEN * NUM_SLICES, count=5)
+    batches = buffer.sample_batches(SLICE_LEN * NUM_SLICES, 5)
     assert [batch.shape for batch in batches] == [torch.Size([NUM_SLICES, SLICE_LEN])] * 5
     for batch in batches:
         traj_ids = batch[TRAJECTORY_KEY]
@@ -102,7 +111,7 @@ def test_each_sampler_trains_one_step_and_takes_priorities(
     algorithm = make_algorithm(config, env, torch.device("cpu"))
     buffer = make_replay_buffer(config.replay, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 600))
-    sample = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    sample = buffer.sample_batches(config.optim.batch_size, 1)[0]
     algorithm.update(sample)
     slices = config.optim.batch_size // config.replay.slice_len
     steps = (slices, config.replay.slice_len) if sampler.endswith("slice") else (64,)
@@ -119,7 +128,7 @@ def test_bootstrapping_uses_terminated_not_the_slice_end_done(
     algorithm = make_algorithm(config, env, torch.device("cpu"))
     buffer = make_replay_buffer(config.replay, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 600))
-    sample = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    sample = buffer.sample_batches(config.optim.batch_size, 1)[0]
     # The slice sampler marks every slice end done, and time limits end slices too;
     # Pendulum never terminates. A done that is not a termination cuts a multi-step chain
     # and bootstraps, as the last step of a slice always does.
@@ -139,3 +148,39 @@ def test_bootstrapping_uses_terminated_not_the_slice_end_done(
     terminal = sample.clone()
     terminal["next", "terminated"] = torch.ones_like(terminal["next", "terminated"])
     assert not torch.allclose(td_error(sample.clone()), td_error(terminal))
+
+
+# The code of the replay features, and TorchRL's relabelling beneath one of them: a
+# default run asks for none of them (SAC, prioritized slices, an MLP, no goals).
+FEATURE_FILES = {
+    module.__file__
+    for module in (frames, hindsight, recurrent, sequences, torchrl.data.replay_buffers.her)
+}
+
+
+def test_a_default_run_passes_through_no_replay_feature(tiny_config) -> None:
+    config = tiny_config()
+    env = make_env(config.env, config.seed)
+    keys = make_algorithm(config, env, torch.device("cpu")).replay_keys()
+    buffer = make_replay_buffer(config.replay, Path(config.run_dir) / "made", 0, env, keys=keys)
+    assert type(buffer) is RunReplayBuffer
+    assert buffer.refresh is None and len(buffer.transform) == 0
+
+    called: set[tuple[str, str]] = set()
+
+    def record(frame: FrameType, event: str, arg: Any) -> None:
+        if event == "call":
+            called.add((frame.f_code.co_filename, frame.f_code.co_qualname))
+
+    sys.setprofile(record)  # every Python function the run calls in this thread
+    try:
+        result = train(config)
+    finally:
+        sys.setprofile(None)
+    assert result.updates > 0  # it sampled, updated and wrote back
+    files = {file for file, _ in called}
+    assert str(Path(make_replay_buffer.__code__.co_filename).parent / "buffer.py") in files
+    assert not files & FEATURE_FILES
+    # TorchRL's losses enter its recurrent mode on every call: no LSTM runs in it.
+    lstm = torchrl.modules.tensordict_module.rnn.__file__
+    assert not {name for file, name in called if file == lstm and "LSTM" in name}

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from rl_app.checks import load_config
 from rl_app.compare import groups_table, plot_comparison, read_run, summarize_group
-from rl_app.config import load_config, to_yaml
+from rl_app.config import to_yaml
 from tools.results import ENTRIES, entry_settings, parse_args, store_summaries
 
 

@@ -16,7 +16,8 @@ import torch
 from tensordict import TensorDict
 
 from rl_app.checkpointing import CorruptCheckpoint, choose_checkpoint
-from rl_app.config import ConfigError, load_config
+from rl_app.checks import load_config
+from rl_app.config import ConfigError
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed, run_iterations
 from rl_app.replay.journal import restorable_from

@@ -11,7 +11,8 @@ import torch
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from rl_app.algorithms import make_algorithm, make_policy
-from rl_app.config import ConfigError, load_config
+from rl_app.checks import load_config
+from rl_app.config import ConfigError
 from rl_app.envs import make_env
 from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
 from rl_app.replay import NEXT_ACHIEVED_GOAL

@@ -14,7 +14,7 @@ import optuna
 import pytest
 import yaml
 
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.logger import read_metrics
 from rl_app.run import train
 from rl_app.sweep.__main__ import main

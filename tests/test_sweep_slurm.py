@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import yaml
 
-from rl_app.config import HOLDER_FILE
 from rl_app.launch.job import read_attempts
 from rl_app.logger import read_metrics
+from rl_app.rundir import HOLDER_FILE
 from rl_app.sweep.spec import load_sweep
 from rl_app.sweep.study import open_study
 from tests.helpers import FINAL_STATES, PYTHON, ROOT, TINY_RUN, job_state, wait_for

@@ -18,7 +18,6 @@ from rl_app.replay import (
     SLICE_PRIORITY_ETA,
     TRAJECTORY_KEY,
     make_replay_buffer,
-    sample_batches,
     write_priorities,
 )
 from tests.helpers import random_play
@@ -48,7 +47,7 @@ def sampled_slices(tiny_config, preset: str, tmp_path: Path):
     algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
     buffer = make_replay_buffer(config.replay, tmp_path / "replay", 0)
     buffer.extend(random_play(config.env.name, 1_000))
-    return config, algorithm, sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    return config, algorithm, buffer.sample_batches(config.optim.batch_size, 1)[0]
 
 
 @pytest.mark.parametrize("preset", ["default", "dqn_cartpole"])
@@ -137,7 +136,7 @@ def test_slice_priorities_follow_the_documented_formula_and_steer_sampling(
     tiny_config, tmp_path: Path
 ) -> None:
     config, algorithm, buffer = dqn_with_buffer(tiny_config, tmp_path, "optim.target=td_lambda")
-    batch = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    batch = buffer.sample_batches(config.optim.batch_size, 1)[0]
     algorithm.update(batch)
     assert write_priorities(buffer, batch) == 0
     index = batch["index"].reshape(batch.shape)
@@ -157,9 +156,7 @@ def test_slice_priorities_follow_the_documented_formula_and_steer_sampling(
 
     def share_starting_in(steps: torch.Tensor, draws: int = 200) -> float:
         starts = [
-            sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]["index"][
-                :, 0
-            ].reshape(-1)
+            buffer.sample_batches(config.optim.batch_size, 1)[0]["index"][:, 0].reshape(-1)
             for _ in range(draws)
         ]
         return torch.isin(torch.cat(starts), steps).float().mean().item()
@@ -186,7 +183,7 @@ def test_a_slice_overwritten_in_part_keeps_all_its_priorities(tmp_path: Path) ->
     )
     buffer.extend(play[:400])
     for _ in range(50):  # until a slice straddles slot 150, where the overwrite will end
-        batch = sample_batches(buffer, replay, 256, 1)[0]
+        batch = buffer.sample_batches(256, 1)[0]
         index = batch["index"].reshape(batch.shape)
         straddling = (index < 150).any(dim=1) & (index >= 150).any(dim=1)
         if straddling.any():
@@ -213,7 +210,7 @@ def test_a_slice_of_one_step_is_plain_td0_with_prioritized_replay(
     config, algorithm, buffer = dqn_with_buffer(
         tiny_config, tmp_path, "replay.slice_len=1", "optim.target=td_lambda"
     )
-    batch = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0]
+    batch = buffer.sample_batches(config.optim.batch_size, 1)[0]
     assert batch.shape == (64, 1) and "priority_weight" in batch.keys()
     with torch.no_grad():
         algorithm.loss(batch)

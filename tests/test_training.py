@@ -28,7 +28,7 @@ def test_short_run_writes_config_metrics_curve_and_checkpoints(tiny_config) -> N
     assert [row["frames"] for row in rows] == list(range(200, 1201, 200))
     evals = [row["eval/return"] for row in rows if "eval/return" in row]
     assert len(evals) == 3  # at 400, 800 and 1200 frames
-    assert result.best_eval_reward == max(evals)
+    assert result.best_eval_return == max(evals)
     assert any("train/loss_qvalue" in row for row in rows)
     assert (run_dir / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -47,7 +47,7 @@ def test_sac_halfcheetah_preset_trains_on_the_cpu_out_of_the_box(tiny_config) ->
     )  # fmt: skip
     result = train(config)
     assert result.frames == 400 and result.updates > 0
-    assert torch.isfinite(torch.tensor(result.last_eval_reward))
+    assert torch.isfinite(torch.tensor(result.last_eval_return))
     assert result.last_checkpoint is not None
 
 

@@ -11,13 +11,14 @@ import importlib.util
 import inspect
 import re
 import subprocess
-import warnings
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import optuna
 import pytest
 import torch
+from gymnasium.wrappers import TimeLimit
 from tensordict import TensorDict
 from tensordict import utils as tensordict_utils
 from tensordict.nn import TensorDictModule, TensorDictParams, TensorDictSequential
@@ -29,6 +30,7 @@ from torchrl.data import (
     HERReplayBuffer,
     LazyMemmapStorage,
     LazyTensorStorage,
+    PrioritizedSampler,
     PrioritizedSliceSampler,
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
@@ -39,8 +41,12 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 from xdist.remote import WorkerInteractor
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import EnvConfig, load_config
-from rl_app.envs import ReplayableReset, env_factory, make_env
+from rl_app.checks import load_config
+from rl_app.config import SEGMENT_TREE_MAX_SIZE, EnvConfig
+from rl_app.envs import env_factory, make_env
+from rl_app.envs.resumable import ResumableEnv
+from rl_app.replay.hindsight import HindsightReplayBuffer
+from rl_app.upstream.gymnasium import set_elapsed_steps
 from rl_app.upstream.optuna import resumed_trial
 from rl_app.upstream.pytest import send_to_group
 from rl_app.upstream.tensordict import (
@@ -50,12 +56,15 @@ from rl_app.upstream.tensordict import (
 )
 from rl_app.upstream.torch import CPP_EXTENSION_LOGGER, EAGER_SPLIT, MatmulFlops
 from rl_app.upstream.torchrl import (
+    GENERATION_BYTES,
+    TREE_LEAF_BYTES,
+    TREE_VALUE_BYTES,
     GuardedWeightSyncScheme,
-    HindsightReplayBuffer,
     VectorizedSliceSampler,
     gymnasium_env,
     lay_out_storage,
     load_sampler_state,
+    next_step_input,
     replay_generator,
     sampler_state,
     set_storage_length,
@@ -69,7 +78,27 @@ from tests.test_her_upstream import SLICE_LEN, UNREACHED, episode, slice_sampler
 
 def test_gym_wrapper_keeps_the_gymnasium_env_in_a_private_attribute() -> None:
     env = make_env(EnvConfig(), seed=0)
-    assert isinstance(gymnasium_env(env), ReplayableReset)
+    assert isinstance(gymnasium_env(env), ResumableEnv)
+
+
+def test_a_collector_still_carries_the_next_step_in_a_private_attribute() -> None:
+    env = make_env(EnvConfig(), seed=0)
+    collector = Collector(env, RandomPolicy(env.action_spec), frames_per_batch=5, total_frames=-1)
+    batch = next(iter(collector))
+    carried = next_step_input(collector)
+    assert torch.equal(carried["observation"], batch["next", "observation"][-1])
+    assert int(carried["step_count"]) == 5
+    # Its own checkpoint state leaves the episode out: a load starts a new trajectory.
+    collector.load_state_dict(collector.state_dict(), strict=False)
+    assert int(next_step_input(collector)["collector", "traj_ids"]) == 1
+    collector.shutdown()
+
+
+def test_time_limit_still_counts_steps_in_a_private_attribute() -> None:
+    env = TimeLimit(gym.make("Pendulum-v1"), max_episode_steps=3)
+    env.reset(seed=0)
+    set_elapsed_steps(env, 2)
+    assert env.step(env.action_space.sample())[3]  # truncated: the count went on from 2
 
 
 def test_weight_sync_receiver_steps_are_still_private_hooks() -> None:
@@ -410,15 +439,16 @@ def test_her_still_draws_a_goal_per_step_of_a_slice() -> None:
 
 
 def test_tensordict_still_reads_the_deprecated_inline_setting() -> None:
-    # rl_app.upstream.tensordict.ignore_inline_modules_deprecation
+    # rl_app.upstream.tensordict.ignore_inline_modules_deprecation. torch warns once per
+    # process: read in a fresh one.
     assert "inline_inbuilt_nn_modules" in inspect.getsource(tensordict_utils)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch._dynamo.config.inline_inbuilt_nn_modules  # noqa: B018 (reading it warns)
-    assert any(
-        issubclass(w.category, FutureWarning) and re.match(INLINE_MODULES_WARNING, str(w.message))
-        for w in caught
+    program = "import torch; torch._dynamo.config.inline_inbuilt_nn_modules"
+    done = subprocess.run(
+        [PYTHON, "-W", "always", "-c", program], capture_output=True, text=True, timeout=120
     )
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "FutureWarning" in line]
+    assert any(re.match(INLINE_MODULES_WARNING, line) for line in warned), done.stderr
 
 
 def test_torch_still_warns_about_cuda_home_without_cuda() -> None:
@@ -507,3 +537,29 @@ def test_flop_counter_mode_still_fails_on_a_module_holding_tensordict_params() -
         module(x)
         module(x)
     assert counter.flops == 2 * (2 * 2 * 3 * 4)  # two (2, 3) @ (3, 4) products
+
+
+def test_a_buffer_still_keeps_these_bytes_per_slot() -> None:
+    """rl_app.fit counts per slot: a float32 in each segment tree, saved as a copy of the
+    trees and then their leaves, and an int64 generation."""
+    sampler = PrioritizedSampler(8, alpha=0.6, beta=0.4)
+    buffer = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(8),
+        sampler=sampler,
+        writer=TensorDictRoundRobinWriter(track_generations=True),
+    )
+    buffer.extend(TensorDict({"a": torch.zeros(4)}, [4]))
+    trees = (type(sampler._sum_tree).__name__, type(sampler._min_tree).__name__)
+    assert trees == ("SumSegmentTreeFp32", "MinSegmentTreeFp32")
+    assert TREE_VALUE_BYTES == torch.float32.itemsize
+    assert TREE_LEAF_BYTES == 2 * torch.float32.itemsize
+    generations = buffer.writer.generations_of(torch.arange(4))
+    assert GENERATION_BYTES == generations.dtype.itemsize == torch.int64.itemsize
+
+
+def test_segment_trees_still_refuse_sizes_past_the_largest_accepted() -> None:
+    """replay.capacity is bounded by SEGMENT_TREE_MAX_SIZE (rl_app.config): one more and a
+    tree's std::vector would be larger than it can be."""
+    tree_type = type(PrioritizedSampler(8, alpha=0.6, beta=0.4)._sum_tree)
+    with pytest.raises(ValueError, match="max_size"):
+        tree_type(SEGMENT_TREE_MAX_SIZE + 1)

@@ -22,6 +22,7 @@ import logging
 import sys
 from pathlib import Path
 
+from rl_app.checks import load_config
 from rl_app.compare import (
     GroupSummary,
     groups_table,
@@ -29,7 +30,7 @@ from rl_app.compare import (
     read_run,
     summarize_group,
 )
-from rl_app.config import available_presets, load_config
+from rl_app.config import available_presets
 from rl_app.run import train
 
 # name -> (preset, overrides)

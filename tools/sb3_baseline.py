@@ -1,4 +1,4 @@
-"""Stable-Baselines3 SAC baseline for ``tools/bench.py``: the same Pendulum workload, timed alike.
+"""Stable-Baselines3 SAC baseline for ``make bench``: the same Pendulum workload, timed alike.
 
 SB3 runs in its own virtual environment (``.venv-sb3``, pinned by ``requirements-sb3.txt``) so
 that its dependencies never touch the project's. This file is both a library for the project

@@ -1,27 +1,38 @@
 """The small interface between the training loop and an RL algorithm.
 
 The loop never imports an algorithm module: it calls :func:`rl_app.algorithms.make_algorithm`
-and then only the methods below. Adding an algorithm means one module implementing
-:class:`Algorithm`, its name in ``ALGORITHMS`` (``rl_app/algorithms/__init__.py``) and in
-``ALGORITHM_ACTIONS`` and the ``algo`` choices (``rl_app/config.py``, with a settings group
-if it has its own settings), and one preset in ``configs/``.
+and then only the methods below. Adding an algorithm (say a TD3) means:
+
+1. one module, ``rl_app/algorithms/td3.py``, with a class implementing :class:`Algorithm`
+   that declares ``actions`` (``"continuous"`` or ``"discrete"``), ``recurrent`` and
+   ``goals`` if it supports them, ``settings`` (its own dataclass of
+   :func:`rl_app.config.setting` fields, which becomes the ``td3`` group of the config), and
+   its acting policy in ``make_policy``;
+2. one line in ``ALGORITHMS`` (``rl_app/algorithms/__init__.py``): its name there is its
+   ``algo=`` value and the key of its settings group;
+3. one preset in ``configs/``, and its tests.
+
+Config loading, its checks, the loop, replay and collection need no edit: the ``algo``
+choices, the schema and the checks that the env's actions, recurrence and goals fit the
+algorithm come from the declarations.
 """
 
 from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import CudaGraphModule, TensorDictModuleBase
+from torchrl.data import TensorSpec
 from torchrl.envs import EnvBase
 from torchrl.objectives import LossModule, ValueEstimators
 
-from rl_app.config import OptimConfig, ReplayConfig
+from rl_app.config import Config, OptimConfig, ReplayConfig
 from rl_app.envs import PIXELS_KEY
-from rl_app.replay import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL, PRIORITY_KEY
+from rl_app.replay.keys import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL, PRIORITY_KEY
 from rl_app.upstream.tensordict import without_tensorclass_memo_guards
 from rl_app.upstream.torch import EAGER_SPLIT
 
@@ -36,7 +47,38 @@ VALUE_ESTIMATORS = {
 
 
 class Algorithm(abc.ABC):
-    """What the training loop needs from an algorithm."""
+    """What the training loop needs from an algorithm, and what the config checks of it."""
+
+    #: The actions it takes, ``"continuous"`` or ``"discrete"``: the env's must match.
+    actions: ClassVar[str]
+    #: Its own settings, a dataclass of :func:`rl_app.config.setting` fields, under its
+    #: ``algo=`` name in the config (None: it has none).
+    settings: ClassVar[type | None] = None
+    #: Whether it has a recurrent network (``network.recurrent``).
+    recurrent: ClassVar[bool] = False
+    #: Whether its MLPs read a goal env's desired goal (``replay.her_ratio``).
+    goals: ClassVar[bool] = False
+
+    @staticmethod
+    @abc.abstractmethod
+    def make_policy(
+        config: Config,
+        observation_dim: int | None,
+        goal_dim: int | None,
+        action_spec: TensorSpec,
+        env: EnvBase | None = None,
+    ) -> TensorDictModuleBase:
+        """The acting policy with fresh weights, from the config, the observation's size
+        (None: stacked frames), the desired goal's size (None: no goal) and the action
+        spec: all that playing a run needs. ``env`` is accepted and unused because
+        TorchRL's Evaluator calls policy factories with the evaluation env."""
+
+    @classmethod
+    def check(cls, config: Config) -> None:
+        """Raise :class:`~rl_app.config.ConfigError` where its own settings group does not fit
+        the rest of the config (its declared values are checked already), whichever ``algo``
+        runs: none by default."""
+        return
 
     #: The policy that acts in the environment while collecting (it explores).
     policy: TensorDictModuleBase
@@ -120,7 +162,7 @@ def make_value_estimator(loss: LossModule, optim: OptimConfig) -> None:
 def mask_padded_steps(loss: LossModule, replay: ReplayConfig, stacked_frames: bool = False) -> None:
     """With TorchRL's Sequence windows (``replay.sampler=prioritized_sequence``) the loss
     counts only the steps under ``LOSS_MASK_KEY``: learning steps of the sampled episode,
-    neither burn-in steps nor the padding past an episode end (:mod:`rl_app.replay`); with
+    neither burn-in steps nor the padding past an episode end (:mod:`rl_app.replay.sequences`); with
     ``stacked_frames``, only the steps whose stacks were rebuilt whole
     (:mod:`rl_app.replay.frames`)."""
     if replay.sampler == "prioritized_sequence" or stacked_frames:
@@ -173,7 +215,7 @@ def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase],
         return loss
     # fallback_random: draw random numbers as eager code does, so that a compiled update
     # takes the same step as an uncompiled one and a run may switch on resume. EAGER_SPLIT:
-    # save what eager autograd saves for the backward (0.7x the time on an AMD EPYC); the
+    # save what eager autograd saves for the backward (faster: docs/speed.md); the
     # guard filter spares a recompile after the first evaluation (both: rl_app.upstream).
     options = {"fallback_random": True, "guard_filter_fn": without_tensorclass_memo_guards}
     return torch.compile(loss, options={**options, **EAGER_SPLIT})

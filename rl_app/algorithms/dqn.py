@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -44,10 +45,11 @@ from rl_app.algorithms.base import (
     network_inputs,
     observation_dim,
 )
-from rl_app.config import Config, DQNConfig, NetworkConfig
+from rl_app.config import Config, ConfigError, NetworkConfig, setting
 from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS
-from rl_app.replay import PRIORITY_KEY
-from rl_app.replay.frames import random_shift, stored_keys
+from rl_app.envs.atari import is_atari
+from rl_app.replay.frames import frame_replay_keys, random_shift
+from rl_app.replay.keys import PRIORITY_KEY
 from rl_app.upstream.torchrl import unrolling_view
 
 # The Nature CNN's convolutions (Mnih et al., 2015): 84x84 frames come out as 64 maps of
@@ -55,6 +57,37 @@ from rl_app.upstream.torchrl import unrolling_view
 NATURE_CONVOLUTIONS = {"num_cells": [32, 64, 64], "kernel_sizes": [8, 4, 3], "strides": [4, 2, 1]}
 NATURE_FEATURES = 64 * 7 * 7
 NATURE_HIDDEN = 512
+
+
+@dataclass
+class DQNConfig:
+    """DQN's own settings (algo=dqn)."""
+
+    eps_start: float = setting(1.0, "exploration epsilon at the start", at_least=0, at_most=1)
+    eps_end: float = setting(0.05, "exploration epsilon after annealing", at_least=0, at_most=1)
+    eps_annealing_frames: int = setting(
+        10_000, "frames over which epsilon decreases linearly", at_least=1
+    )
+    target_update_interval: int = setting(
+        10, "copy the Q-network to its target every N updates", at_least=1
+    )
+    loss: str = setting("l2", "TD loss: l2 | smooth_l1 (Huber)", choices=("l2", "smooth_l1"))
+    double: bool = setting(True, "double DQN: the online network picks the next action")
+    max_grad_norm: float = setting(
+        10.0, "clip each update's gradient norm to this (0: no clipping)", at_least=0
+    )
+    eval_eps: float = setting(
+        0.0,
+        "epsilon of evaluation episodes, and of playing a run (0: greedy)",
+        at_least=0,
+        at_most=1,
+    )
+    random_shift: int = setting(
+        0,
+        "shift each sampled observation and next observation by up to N pixels (edge-padded, "
+        "randomly cropped back; DrQ), independently (0: none; Atari only)",
+        at_least=0,
+    )
 
 
 class ScaledFrames(nn.Module):
@@ -148,41 +181,55 @@ def make_qvalue_actor(
     )
 
 
-def make_policy(
-    network: NetworkConfig,
-    dqn: DQNConfig,
-    observation_dim: int | None,
-    goal_dim: int | None,
-    action_spec: TensorSpec,
-    env: EnvBase | None = None,
-) -> TensorDictSequential:
-    """Q-network -> greedy action, then epsilon-greedy exploration, its epsilon annealed
-    linearly over ``dqn.eps_annealing_frames`` by :meth:`EGreedyModule.step`.
-
-    The exploration step acts only when the policy explores (collection); evaluation runs
-    it deterministically, which leaves the greedy action, or with ``dqn.eval_eps`` a
-    random one that often (:class:`EvaluationEpsilon`). ``env`` is accepted and unused
-    because TorchRL's Evaluator calls policy factories with the evaluation env."""
-    actor = make_qvalue_actor(network, observation_dim, goal_dim, action_spec)
-    explore = EGreedyModule(
-        action_spec,
-        eps_init=dqn.eps_start,
-        eps_end=dqn.eps_end,
-        annealing_num_steps=dqn.eps_annealing_frames,
-    )
-    if dqn.eval_eps:
-        return TensorDictSequential(actor, explore, EvaluationEpsilon(action_spec, dqn.eval_eps))
-    return TensorDictSequential(actor, explore)
-
-
 class DQN(Algorithm):
     """DQN (double by default) with a hard-copied target network."""
+
+    actions = "discrete"
+    settings = DQNConfig
+    recurrent = True
+    goals = True
+
+    @staticmethod
+    def make_policy(
+        config: Config,
+        observation_dim: int | None,
+        goal_dim: int | None,
+        action_spec: TensorSpec,
+        env: EnvBase | None = None,
+    ) -> TensorDictSequential:
+        """Q-network -> greedy action, then epsilon-greedy exploration, its epsilon annealed
+        linearly over ``dqn.eps_annealing_frames`` by :meth:`EGreedyModule.step`.
+
+        The exploration step acts only when the policy explores (collection); evaluation runs
+        it deterministically, which leaves the greedy action, or with ``dqn.eval_eps`` a
+        random one that often (:class:`EvaluationEpsilon`)."""
+        dqn = config.dqn
+        actor = make_qvalue_actor(config.network, observation_dim, goal_dim, action_spec)
+        explore = EGreedyModule(
+            action_spec,
+            eps_init=dqn.eps_start,
+            eps_end=dqn.eps_end,
+            annealing_num_steps=dqn.eps_annealing_frames,
+        )
+        if dqn.eval_eps:
+            evaluation = EvaluationEpsilon(action_spec, dqn.eval_eps)
+            return TensorDictSequential(actor, explore, evaluation)
+        return TensorDictSequential(actor, explore)
+
+    @classmethod
+    def check(cls, config: Config) -> None:
+        """``dqn.random_shift`` shifts the frames of an Atari game."""
+        if config.dqn.random_shift and not is_atari(config.env.name):
+            raise ConfigError(
+                f"dqn.random_shift={config.dqn.random_shift} shifts frames: {config.env.name} "
+                "observes none (set dqn.random_shift=0, or train on an Atari game)"
+            )
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
         self._observation_dim = observation_dim(env)
         self._goal_dim = goal_dim(env)
         self._action_spec = env.action_spec_unbatched.clone().cpu()
-        self._network = config.network
+        self._config = config
         self._dqn = config.dqn
         self._recurrent = config.network.recurrent != "none"
         self.relabels_goals = config.replay.her_ratio > 0
@@ -207,14 +254,13 @@ class DQN(Algorithm):
 
     def replay_keys(self) -> list[Any]:
         if self._observation_dim is None:  # stacked frames: stored once, rebuilt when sampled
-            return stored_keys(super().replay_keys())
+            return frame_replay_keys(super().replay_keys())
         return super().replay_keys()
 
     def policy_factory(self) -> Callable[..., TensorDictSequential]:
         return functools.partial(
-            make_policy,
-            self._network,
-            self._dqn,
+            self.make_policy,
+            self._config,
             self._observation_dim,
             self._goal_dim,
             self._action_spec,

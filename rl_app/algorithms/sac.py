@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,9 +29,23 @@ from rl_app.algorithms.base import (
     mask_padded_steps,
     network_inputs,
 )
-from rl_app.config import Config, NetworkConfig
+from rl_app.config import Config, NetworkConfig, setting
 from rl_app.replay import PRIORITY_KEY
 from rl_app.upstream.torchrl import create_target_entropy_buffer
+
+
+@dataclass
+class SACConfig:
+    """SAC's own settings (algo=sac)."""
+
+    tau: float = setting(0.005, "soft target-network update rate", above=0, at_most=1)
+    init_alpha: float = setting(1.0, "initial entropy temperature (learned from there)", above=0)
+    vmap_qnets: bool = setting(
+        False,
+        "run the Q-networks under torch.vmap (off: one after the other, which measured faster "
+        "on CPUs and gives the same values up to float rounding); always on with optim.compile",
+        on_resume=True,
+    )
 
 
 class MultiInputSequential(nn.Sequential):
@@ -50,13 +65,9 @@ def make_actor(
     observation_dim: int,
     goal_dim: int | None,
     action_spec: TensorSpec,
-    env: EnvBase | None = None,
 ) -> ProbabilisticActor:
     """The SAC actor: observation (and the desired goal where the env observes one,
-    ``goal_dim``) -> (loc, scale) -> TanhNormal within the action bounds.
-
-    ``env`` is accepted and unused because TorchRL's Evaluator calls policy factories
-    with the evaluation env."""
+    ``goal_dim``) -> (loc, scale) -> TanhNormal within the action bounds."""
     action_dim = action_spec.shape[-1]
     in_keys, in_features = network_inputs(observation_dim, goal_dim)
     backbone = MultiInputSequential(
@@ -95,11 +106,26 @@ def make_qvalue(
 class SAC(Algorithm):
     """SAC with a learned temperature, two Q-networks and soft target updates."""
 
+    actions = "continuous"
+    settings = SACConfig
+    goals = True
+
+    @staticmethod
+    def make_policy(
+        config: Config,
+        observation_dim: int | None,
+        goal_dim: int | None,
+        action_spec: TensorSpec,
+        env: EnvBase | None = None,
+    ) -> ProbabilisticActor:
+        """The actor (:func:`make_actor`)."""
+        return make_actor(config.network, observation_dim, goal_dim, action_spec)
+
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
         self._observation_dim = env.observation_spec["observation"].shape[-1]
         self._goal_dim = goal_dim(env)
         self._action_spec = env.action_spec_unbatched.clone().cpu()
-        self._network = config.network
+        self._config = config
         self.relabels_goals = config.replay.her_ratio > 0
         self.policy = self.policy_factory()().to(device)
         qvalue = make_qvalue(
@@ -127,7 +153,7 @@ class SAC(Algorithm):
 
     def policy_factory(self) -> Callable[..., ProbabilisticActor]:
         return functools.partial(
-            make_actor, self._network, self._observation_dim, self._goal_dim, self._action_spec
+            self.make_policy, self._config, self._observation_dim, self._goal_dim, self._action_spec
         )
 
     def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:

@@ -2,18 +2,25 @@
 the learner's weights reach it.
 
 Four topologies, all TorchRL collectors the loop iterates the same way:
-- ``direct``: one env stepped in the learner's process, acting with the learner's policy
-  (built here);
+- ``direct``: one env (or ``env.num_envs``) stepped in the learner's process, acting with
+  the learner's policy (built here);
 - ``sync`` / ``async``: worker processes (:mod:`rl_app.collection.workers`);
 - ``distributed``: SLURM jobs, each batch gathered from every job
   (:mod:`rl_app.collection.distributed`).
 Worker processes and jobs build env and policy from picklable factories and act with a
 snapshot of the learner's weights that changes only when :class:`WeightSync` pushes one. A
 reader of direct mode needs neither.
-"""
+
+To add a topology: write ``rl_app/collection/<name>.py`` with a factory that returns a
+TorchRL collector (``make_<name>_collector(config, policy_factory, devices)``); add its
+name to ``collector.mode``'s choices (``rl_app/config/schema.py``) and a branch to
+:func:`make_collector`, importing the module there only, so that other modes never load
+it; check its settings in ``rl_app/checks.py``; test it on real processes beside
+``tests/test_collection.py``."""
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,12 +30,16 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 import torch
+from tensordict import TensorDict
 from torchrl.collectors import BaseCollector, Collector
 
 from rl_app.algorithms import Algorithm
 from rl_app.config import Config
-from rl_app.envs import ReplayableReset, env_factory
-from rl_app.upstream.torchrl import gymnasium_env
+from rl_app.envs import env_factory
+from rl_app.envs.resumable import ResumableEnv
+from rl_app.upstream.torchrl import gymnasium_env, next_step_input
+
+log = logging.getLogger("rl_app")
 
 
 @dataclass(frozen=True)
@@ -187,39 +198,58 @@ class CollectorState:
     """The collector's part of a checkpoint.
 
     TorchRL's collector state holds its frame counters (each worker's, for worker
-    processes) and the trajectory-id pool; on load it starts a new episode under a new
-    trajectory id. The direct collector resets an env as soon as an episode ends, so a run
-    saved at an episode boundary has already drawn the next episode's start. To resume
-    exactly, that reset is replayed from the random state it started from (recorded by
-    :class:`rl_app.envs.ReplayableReset`) and the episode keeps the trajectory id it had.
-    Mid-episode, in worker processes or with a batch of envs, the env's physics cannot be
-    saved: the resumed run then starts new episodes, as TorchRL does."""
+    processes), the trajectory-id pool and the env transforms' buffers (stacked frames);
+    on load it starts a new episode under a new trajectory id. A direct collector with one
+    env also saves the episode in progress: the Gymnasium env's state
+    (:class:`rl_app.envs.resumable.ResumableEnv`) and the collector's next step, which
+    holds what the TorchRL transforms count for the episode (step count, episode return,
+    ``is_init``) and its trajectory id, so that a resumed run continues that episode
+    exactly. An env that cannot give its state mid-episode, worker processes and a batch of
+    envs start new episodes on resume, as TorchRL does; which one is logged once."""
 
     def __init__(self, collector: BaseCollector) -> None:
         self.collector = collector
-        self.replayable = isinstance(collector, Collector) and isinstance(
-            self._gym_env(), ReplayableReset
-        )
-
-    def _gym_env(self) -> Any:
-        return gymnasium_env(self.collector.env)
+        self.gym_env: ResumableEnv | None = None
+        if isinstance(collector, Collector):
+            gym_env = gymnasium_env(collector.env)
+            self.gym_env = gym_env if isinstance(gym_env, ResumableEnv) else None
+        self.told_why = False
 
     def state_dict(self) -> dict[str, Any]:
         state: dict[str, Any] = {"collector": self.collector.state_dict()}
-        if self.replayable:
-            gym_env = self._gym_env()
-            state["at_episode_start"] = gym_env.steps_since_reset == 0
-            state["random_state_before_reset"] = gym_env.random_state_before_reset
+        episode = self.gym_env.get_state() if self.gym_env is not None else None
+        if episode is None:
+            self.tell_why_once()
+        else:
+            state["env"] = episode
+            state["next_step"] = next_step_input(self.collector).to_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         collector_state = state["collector"]
-        if state.get("at_episode_start"):
-            gym_env = self._gym_env()
-            gym_env.unwrapped.np_random.bit_generator.state = state["random_state_before_reset"]
-            self.collector.reset()
+        if "env" in state:
+            self.gym_env.set_state(state["env"])
             # Loading hands the current episode the pool's next id: step back one, so that
-            # the replayed episode gets the id it had.
+            # the pool continues as it was (the saved next step brings the episode's id).
             pool = collector_state["traj_pool"]
             collector_state = {**collector_state, "traj_pool": {"traj_id": pool["traj_id"] - 1}}
         self.collector.load_state_dict(collector_state)
+        if "env" in state:
+            next_step = next_step_input(self.collector)
+            next_step.update(TensorDict(state["next_step"], batch_size=next_step.batch_size))
+
+    def tell_why_once(self) -> None:
+        if self.told_why:
+            return
+        self.told_why = True
+        if self.gym_env is not None:
+            why = f"{self.gym_env.unsaved_part()} cannot give its state mid-episode"
+        elif isinstance(self.collector, Collector):
+            why = "the env is a batch of envs"
+        else:
+            why = "the envs run in other processes"
+        log.info(
+            "checkpoints do not save the episode in progress (%s): a run resumed "
+            "from one mid-episode starts a new episode",
+            why,
+        )

@@ -1,4 +1,21 @@
-"""Environments: a Gymnasium env wrapped by TorchRL with the transforms every run uses."""
+"""Environments: a Gymnasium env wrapped by TorchRL with the transforms every run uses.
+
+- :func:`make_env` builds every env of a run (training, evaluation, workers) from
+  ``env.*``: a seeded ``GymEnv`` with float observations, a step counter, the episode
+  return and init flags; a recurrent network's state primer; an Atari game's frame stacks
+  and sign-clipped rewards (:mod:`rl_app.envs.atari`);
+- :mod:`rl_app.envs.resumable`: the episode in progress saved in checkpoints, so that a
+  resume continues it;
+- :mod:`rl_app.envs.goals`: the goal-conditioned envs this project ships (bit flipping, a
+  2-D point), registered on import;
+- :mod:`rl_app.envs.checks`: what ``env.*`` is checked against before a run starts.
+
+To add an env: register it with Gymnasium in your own module and give ``env.name=module:id``
+(as ``configs/dqn_bitflip.yaml`` does with :mod:`rl_app.envs.goals`); its action space picks
+the algorithms that fit. A Gymnasium wrapper for every run goes in :func:`make_gym_env`, a
+TorchRL transform in :func:`make_env`, a check of a new ``env.*`` setting in
+:mod:`rl_app.envs.checks`; to resume mid-episode, an env offers ``get_state``/``set_state``
+(:mod:`rl_app.envs.resumable`)."""
 
 from __future__ import annotations
 
@@ -30,7 +47,9 @@ from torchrl.envs import (
 )
 from torchrl.envs.gym_like import BaseInfoDictReader
 
-from rl_app.config import EnvConfig, NetworkConfig, is_atari
+from rl_app.config import EnvConfig, NetworkConfig
+from rl_app.envs.atari import is_atari
+from rl_app.envs.resumable import ResumableEnv
 
 # Evaluation episodes use seeds far from the training ones, so that the agent is scored on
 # starts it did not necessarily train from.
@@ -66,27 +85,11 @@ def worker_seed(seed: int, worker: int) -> int:
     return seed + worker * WORKER_SEED_STRIDE
 
 
-class ReplayableReset(gym.Wrapper):
-    """Remembers the random state each episode started from, and whether the episode has
-    taken a step yet: a checkpoint taken at an episode start can then replay its reset."""
-
-    def reset(self, **kwargs: Any) -> Any:
-        self.random_state_before_reset = self.unwrapped.np_random.bit_generator.state
-        self.steps_since_reset = 0
-        return super().reset(**kwargs)
-
-    def step(self, action: Any) -> Any:
-        self.steps_since_reset += 1
-        return super().step(action)
-
-    def replay_reset_from(self, random_state: dict[str, Any]) -> None:
-        """Makes the next reset draw as one that started from ``random_state`` did."""
-        self.unwrapped.np_random.bit_generator.state = random_state
-
-
 class ObservationIndices(gym.ObservationWrapper):
     """Observes only some entries of a flat Box observation (``env.observation_indices``):
     e.g. CartPole's positions without its velocities, a partially observed task."""
+
+    holds_episode_state = False  # rl_app.envs.resumable: nothing to save mid-episode
 
     def __init__(self, env: gym.Env, indices: list[int]) -> None:
         super().__init__(env)
@@ -197,7 +200,7 @@ def make_env(
     vector env's own autoreset is off). ``render_mode`` (one env only) is Gymnasium's, e.g.
     ``"rgb_array"`` for videos."""
     if env.num_envs == 1:
-        gym_env = ReplayableReset(make_gym_env(env, render_mode))
+        gym_env = ResumableEnv(make_gym_env(env, render_mode))
     else:
         gym_env = gym.vector.SyncVectorEnv(
             [functools.partial(make_gym_env, env)] * env.num_envs,

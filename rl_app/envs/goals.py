@@ -90,6 +90,13 @@ class BitFlippingEnv(gym.Env):
         """Where ``achieved_goal`` equals ``desired_goal`` in every bit: an episode ends there."""
         return np.all(achieved_goal == desired_goal, axis=-1)
 
+    def get_state(self) -> dict[str, Any]:
+        """The episode in progress, which a checkpoint saves (:mod:`rl_app.envs.resumable`)."""
+        return {"bits": self.bits.copy(), "goal": self.goal.copy(), "steps": self.steps}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.bits, self.goal, self.steps = state["bits"], state["goal"], state["steps"]
+
     def random_bits(self) -> np.ndarray:
         return self.np_random.integers(0, 2, self.n_bits).astype(np.float32)
 
@@ -151,6 +158,13 @@ class PointReachEnv(gym.Env):
     ) -> np.ndarray:
         """False for every goal: reaching one does not end an episode."""
         return np.zeros(np.shape(achieved_goal)[:-1], dtype=bool)
+
+    def get_state(self) -> dict[str, Any]:
+        """The episode in progress, which a checkpoint saves (:mod:`rl_app.envs.resumable`)."""
+        return {"position": self.position.copy(), "goal": self.goal.copy(), "steps": self.steps}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self.position, self.goal, self.steps = state["position"], state["goal"], state["steps"]
 
     def random_point(self) -> np.ndarray:
         return self.np_random.uniform(-1.0, 1.0, 2).astype(np.float32)

@@ -1,15 +1,18 @@
-"""Scale-out: everything beyond one process on one machine.
+"""Launchers: where a run's process runs. ``train.py`` trains in its own process (the local
+launcher is :func:`rl_app.run.train` itself); ``launcher=slurm`` submits the same
+``train(config)`` to SLURM:
 
-- :mod:`rl_app.collection.workers`: collection in worker processes (``collector.mode=sync|async``);
-- :mod:`rl_app.collection.distributed`: collection jobs on SLURM (``collector.mode=distributed``);
 - :mod:`rl_app.launch.cluster`: SLURM job settings, profiles and the submitit executor;
-- :mod:`rl_app.launch.job`: what a SLURM job runs, a run or a sweep's worker (requeue on
-  preemption);
-- :mod:`rl_app.launch.slurm`: submitting a run, a job array (``launcher=slurm``) or a
-  sweep's workers.
+- :mod:`rl_app.launch.job`: what a SLURM job runs, a run or a sweep's worker (a save and a
+  requeue on preemption);
+- :mod:`rl_app.launch.slurm`: submitting a run, a job array or a sweep's workers.
 
-The core (``rl_app/*.py``, ``rl_app/algorithms``) never imports these modules, except
-:func:`rl_app.collection.make_collector`, which hands the modes it does not run itself to
-the two collection backends, and :func:`rl_app.sweep.worker.submit_to_slurm`, which submits
-a sweep's workers (``launcher: slurm``). A direct-mode run loads none of them.
-"""
+Scale-out code (these modules, :mod:`rl_app.collection.workers` and
+:mod:`rl_app.collection.distributed`) is imported by the core only through two doors:
+:func:`rl_app.collection.make_collector` and :func:`rl_app.sweep.worker.submit_to_slurm`
+(``tests/test_layout.py``). A direct-mode run loads none of it.
+
+To add a launcher: a module here with a ``submit(preset, overrides, config)`` that runs
+:func:`rl_app.run.train` where it should (wrapping it as :class:`rl_app.launch.job.TrainJob`
+does for requeues), ``launcher``'s choices in ``rl_app/config/schema.py``, and its branch
+in ``train.py``."""

@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import submitit
 
-from rl_app.config import CHECKPOINTS_DIR, Config
+from rl_app.config import Config
 from rl_app.launch.cluster import JOB_DIR
+from rl_app.rundir import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:  # torch and TorchRL: imported in the job only
     from rl_app.loop import EvalHook, TrainResult

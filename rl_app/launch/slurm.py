@@ -16,7 +16,8 @@ from typing import Any
 
 import submitit
 
-from rl_app.config import CONFIG_FILE, Config, ConfigError, load_config, to_yaml
+from rl_app.checks import load_config
+from rl_app.config import Config, ConfigError, to_yaml
 from rl_app.launch.cluster import (
     JOB_DIR,
     JobSettings,
@@ -26,6 +27,7 @@ from rl_app.launch.cluster import (
     make_executor,
 )
 from rl_app.launch.job import TrainJob
+from rl_app.rundir import CONFIG_FILE
 from rl_app.runlock import check_run_dir_free
 
 # Inside the parent directory of a job array: one line per task.

@@ -18,16 +18,21 @@ entries are zeros. Every slot of a window must hold the (trajectory, step) expec
 where the ring buffer has overwritten the first slots of a trajectory, or trajectories of
 several envs interleave, a stack that cannot be rebuilt whole is masked (``LOSS_MASK_KEY``:
 the loss and the priorities skip that step), never filled with another episode's frames.
+
+The buffer does both through a TorchRL buffer transform (:class:`StoredFrames`): its
+inverse, run by ``extend``, adds the reset slots; its forward, run on each sample, rebuilds
+the stacks.
 """
 
 from __future__ import annotations
 
 import torch
 from tensordict import NestedKey, TensorDictBase
-from torchrl.data import TensorDictReplayBuffer
+from torchrl.data import TensorStorage
+from torchrl.envs import Transform
 
 from rl_app.envs import FRAME_KEY, FRAME_STACK, PIXELS_KEY
-from rl_app.replay import LOSS_MASK_KEY, SLOT_KEY, TRAJECTORY_KEY
+from rl_app.replay.keys import LOSS_MASK_KEY, SLOT_KEY, TRAJECTORY_KEY
 
 # What a slot stores of a step's observations: the newest frame of its next one.
 NEXT_FRAME_KEY = ("next", FRAME_KEY)
@@ -39,7 +44,7 @@ RESET_STEP = -1
 WINDOW = torch.arange(-FRAME_STACK, 1)
 
 
-def stored_keys(loss_keys: list) -> list:
+def frame_replay_keys(loss_keys: list) -> list:
     """What the buffer stores for a loss reading ``loss_keys``: its stacks replaced by the
     newest frame and the step in the episode, from which they are rebuilt."""
     stacks = (PIXELS_KEY, ("next", PIXELS_KEY))
@@ -52,16 +57,21 @@ def reset_trajectory(trajectory: torch.Tensor) -> torch.Tensor:
     return -1 - trajectory
 
 
-def extend_buffer(buffer: TensorDictReplayBuffer, batch: TensorDictBase, keys: list) -> None:
-    """Store a collected ``batch``: the ``keys`` of each frame (an algorithm's
-    ``replay_keys()``) with its trajectory id, in one ``extend``; where frames are stored
-    once (``NEXT_FRAME_KEY`` among ``keys``), each episode's first step after its reset
-    slot."""
-    frames = batch.reshape(-1)
-    stored = frames.select(*keys, TRAJECTORY_KEY)
-    if NEXT_FRAME_KEY in keys:
-        stored = with_reset_slots(stored, frames[FRAME_KEY])
-    buffer.extend(stored)
+class StoredFrames(Transform):
+    """The buffer transform of frames stored once in ``storage``: ``extend`` hands its
+    inverse collected steps with their observation's newest frame (``FRAME_KEY``), which it
+    stores in reset slots (:func:`with_reset_slots`); each sample gets its stacks
+    (:func:`stack_frames`)."""
+
+    def __init__(self, storage: TensorStorage) -> None:
+        super().__init__()
+        self.storage = storage
+
+    def _inv_call(self, steps: TensorDictBase) -> TensorDictBase:
+        return with_reset_slots(steps.exclude(FRAME_KEY), steps[FRAME_KEY])
+
+    def forward(self, sample: TensorDictBase) -> TensorDictBase:
+        return stack_frames(self.storage, sample)
 
 
 def with_reset_slots(steps: TensorDictBase, frames: torch.Tensor) -> TensorDictBase:
@@ -78,14 +88,10 @@ def with_reset_slots(steps: TensorDictBase, frames: torch.Tensor) -> TensorDictB
     return torch.cat([steps, resets])[order]
 
 
-def stack_frames(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> TensorDictBase:
-    """Give ``sample`` (of any shape, drawn from ``buffer``) its stacks, ``PIXELS_KEY`` and
-    ``("next", PIXELS_KEY)``, rebuilt from the frames in ``buffer``'s storage, and mark the
-    steps whose stacks were found whole under ``LOSS_MASK_KEY``. A sample without stored
-    frames is returned as it is."""
-    if NEXT_FRAME_KEY not in sample.keys(include_nested=True):
-        return sample
-    storage = buffer.storage
+def stack_frames(storage: TensorStorage, sample: TensorDictBase) -> TensorDictBase:
+    """Give ``sample`` (of any shape, drawn from ``storage``) its stacks, ``PIXELS_KEY``
+    and ``("next", PIXELS_KEY)``, rebuilt from the frames in ``storage``, and mark the
+    steps whose stacks were found whole under ``LOSS_MASK_KEY``."""
     steps = sample.reshape(-1)
     step = steps[STEP_KEY].reshape(-1, 1).to(storage.device)
     trajectory = steps[TRAJECTORY_KEY].reshape(-1, 1).to(storage.device)

@@ -17,6 +17,8 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from rl_app.algorithms import RunConfig
+from rl_app.checks import load_config
 from rl_app.config import (
     DEFAULT_PRESET,
     ConfigError,
@@ -24,7 +26,6 @@ from rl_app.config import (
     check_declared,
     conform,
     conform_value,
-    load_config,
     read_yaml,
     setting,
     settings_of,
@@ -164,7 +165,7 @@ def read_space(space: Any) -> dict[str, BaseDistribution]:
             "space is missing: give one or more keys to search, e.g. "
             "space: {optim.lr: {low: 1.0e-4, high: 1.0e-3, log: true}}"
         )
-    schema = {key: (item, declared) for key, item, declared in settings_of()}
+    schema = {key: (item, declared) for key, item, declared in settings_of(RunConfig)}
     distributions = {}
     for key, spec in space.items():
         if key not in schema or key.startswith(NOT_SWEPT):

@@ -13,7 +13,8 @@ from filelock import FileLock
 from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock, JournalStorage
 from optuna.trial import Trial, TrialState
 
-from rl_app.config import ConfigError, load_config
+from rl_app.checks import load_config
+from rl_app.config import ConfigError
 from rl_app.runlock import RunDirBusy, acquire
 from rl_app.sweep.spec import (
     CLAIM_LOCK,
@@ -137,7 +138,7 @@ def run_trial(
     elif result.stopped_by is not None:
         return result
     else:
-        objective = {"last": result.last_eval_reward, "best": result.best_eval_reward}
+        objective = {"last": result.last_eval_return, "best": result.best_eval_return}
         study.tell(trial, objective[sweep.settings.objective])
     print(f"trial {trial.number}: {study.trials[trial.number].state.name}", flush=True)
     return None

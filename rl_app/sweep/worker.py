@@ -16,7 +16,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.sweep.spec import LOGS_DIR, SUMMARY_LOCK, Sweep, fixed_overrides
 from rl_app.sweep.study import TrainTrial, claim_next, open_study, prepare_sweep_dir, run_trial
 from rl_app.sweep.summary import write_summary

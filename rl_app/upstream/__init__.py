@@ -7,13 +7,15 @@ does, what is done here instead, and names the test in ``tests/test_upstream.py`
 failing (or can be deleted) once the library changes that behaviour.
 
 - :mod:`rl_app.upstream.torchrl`: TorchRL 0.14.1 (the Gymnasium env inside a TorchRL env,
-  weight pushes to worker processes, the distributed collector on submitit, an LSTM unrolled
-  over sequences, SACLoss's lazily created buffer, lazy storages, a replay buffer's state
-  without its data, the prioritized slice sampler's padding loop, HERReplayBuffer's hooks).
+  a collector's next step, weight pushes to worker processes, the distributed collector on
+  submitit, an LSTM unrolled over sequences, SACLoss's lazily created buffer, lazy
+  storages, a replay buffer's state without its data, the prioritized slice sampler's
+  padding loop, HERReplayBuffer's hooks, the bytes a buffer keeps per slot).
 - :mod:`rl_app.upstream.torch`: torch 2.14.1 (how inductor splits a compiled loss, its
   CUDA_HOME warning on machines without CUDA, FLOPs counted as they run).
 - :mod:`rl_app.upstream.tensordict`: tensordict 0.14.3 (recompiles caused by its class
   memo, a search for pandas on every module output, a deprecation warning it triggers).
+- :mod:`rl_app.upstream.gymnasium`: Gymnasium 1.4 (a time limit's step count).
 - :mod:`rl_app.upstream.optuna`: Optuna 5.0.0 (a stored trial taken up again).
 - :mod:`rl_app.upstream.glibc`: glibc's malloc (freed memory kept for reuse).
 - :mod:`rl_app.upstream.pytest`: pytest 9.2.0 with pytest-xdist 3.8.0 (tests grouped onto

@@ -13,8 +13,8 @@ KEPT_BYTES = 1 << 30
 def keep_freed_memory() -> None:
     """Have glibc's malloc keep freed memory for reuse: by default it returns every block
     over 128 kB to the system when freed, so each iteration's sampled batches (tens of MB
-    of frames on Atari) are faulted back in page by page. Rebuilding frame stacks ran 2x
-    faster with it (docs/speed.md). Nothing changes without glibc. Test:
+    of frames on Atari) are faulted back in page by page; frame stacks are rebuilt faster
+    with it (docs/speed.md). Nothing changes without glibc. Test:
     ``test_glibc_still_returns_a_freed_large_block_to_the_system``."""
     try:
         libc = ctypes.CDLL("libc.so.6")

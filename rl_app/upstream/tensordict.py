@@ -21,7 +21,7 @@ def without_tensorclass_memo_guards(guards: Sequence[Any]) -> list[bool]:
     tensordict caches per class whether it is a tensorclass; a compiled loss reads that
     cache, so dynamo guards on its length, and a class checked anywhere else in the process
     for the first time recompiles the loss. The first evaluation's weight copy checks
-    ``str``: a 10-20 s recompile in every compiled run. The cache holds a fixed fact per
+    ``str``: a recompile in every compiled run (docs/speed.md). The cache holds a fixed fact per
     class, so its length decides nothing the compiled code does. Test:
     ``test_a_compiled_loss_still_guards_on_tensordicts_class_memo``."""
     return [TENSORCLASS_MEMO not in guard.name for guard in guards]
@@ -36,9 +36,9 @@ def skip_pandas_lookups() -> None:
     tensordict 0.14.3 writes every output of a ``TensorDictModule`` through
     ``TensorDict.from_any``, which calls ``importlib.util.find_spec("pandas")``: a search of
     every ``sys.path`` entry for each policy call while collecting or evaluating, and each
-    module call of an eager update (an evaluation of the default preset took 0.92x the time
-    without it). Recorded as absent, the look-up answers at once, and ``import pandas``
-    raises ``ModuleNotFoundError`` as before. Test:
+    module call of an eager update (its cost: docs/speed.md). Recorded as absent, the
+    look-up answers at once, and ``import pandas`` raises ``ModuleNotFoundError`` as
+    before. Test:
     ``test_tensordict_still_looks_for_pandas_on_every_module_output``."""
     if "pandas" not in sys.modules and importlib.util.find_spec("pandas") is None:
         sys.modules["pandas"] = None

@@ -22,15 +22,15 @@ class SaveAsEagerDoes(CustomPartitionerFn):
 
     Inductor's own split saves a ``bool`` mask per ReLU instead (a quarter of the memory),
     and its generated C++ for CPUs converts and stores such masks through a slow scalar
-    path: on an AMD EPYC the default SAC update took 17.3 ms compiled with inductor's
-    split, 12.0 ms with this one, 18.7 ms eager (``make bench ARGS="--only update"``).
+    path, slower than eager autograd's split on the CPUs measured (docs/speed.md,
+    ``make bench ARGS="--only update"``).
     Tests: ``test_inductor_still_saves_bool_masks_for_relu_backward``, and
     ``tests/test_compile.py`` (compiled and eager updates take the same steps)."""
 
     def __call__(
         self, gm: torch.fx.GraphModule, joint_inputs: Sequence[object], **kwargs: Any
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-        # Imported here, where a compile runs anyway: 0.4 s of imports for every process.
+        # Imported here, where a compile runs anyway, rather than by every process.
         from torch._functorch.partitioners import default_partition
 
         kwargs.pop("compiler", None)  # inductor names itself; this split takes no name

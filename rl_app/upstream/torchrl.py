@@ -13,6 +13,7 @@ import gymnasium as gym
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
 from torchrl.data import HERReplayBuffer, PrioritizedSliceSampler, ReplayBuffer, TensorStorage
@@ -25,7 +26,7 @@ from torchrl.weight_update import MultiProcessWeightSyncScheme
 log = logging.getLogger("rl_app")
 
 
-# -- 1. the Gymnasium env inside a TorchRL env ----------------------------------------------
+# -- 1. the Gymnasium env inside a TorchRL env, and a collector's next step -----------------
 
 
 def gymnasium_env(env: EnvBase) -> gym.Env:
@@ -33,6 +34,15 @@ def gymnasium_env(env: EnvBase) -> gym.Env:
     handle; the collector's checkpoint state needs it to replay an episode's reset.
     Test: ``test_gym_wrapper_keeps_the_gymnasium_env_in_a_private_attribute``."""
     return env.base_env._env
+
+
+def next_step_input(collector: Collector) -> TensorDictBase:
+    """What a direct collector hands its next step: the observation with the transforms'
+    per-episode entries (step count, episode return, ``is_init``, stacked frames) and the
+    trajectory id. TorchRL keeps it in the private ``_carrier``, which its checkpoint state
+    leaves out; updated in place, it resumes an episode. Test:
+    ``test_a_collector_still_carries_the_next_step_in_a_private_attribute``."""
+    return collector._carrier
 
 
 # -- 2. weight pushes to worker processes ---------------------------------------------------
@@ -286,8 +296,8 @@ def load_sampler_state(sampler: Sampler, state: dict[str, Any]) -> None:
 class VectorizedSliceSampler(PrioritizedSliceSampler):
     """TorchRL's :class:`PrioritizedSliceSampler`, whose private ``_padded_indices`` (rerun
     after every extend: the slots of each trajectory, left-padded with -1 into one row each)
-    fills its rows in a Python loop over the trajectories: 172 ms of each iteration's 216 ms
-    of sampling with a 1M-frame Atari buffer (docs/speed.md). The same tensor, built in a
+    fills its rows in a Python loop over the trajectories: most of each iteration's sampling
+    with a 1M-frame Atari buffer (docs/speed.md). The same tensor, built in a
     few vectorized operations. Test: ``test_the_prioritized_slice_sampler_still_pads_in_a_loop``."""
 
     def _padded_indices(self, shapes: torch.Tensor, arange: torch.Tensor) -> torch.Tensor:
@@ -303,81 +313,62 @@ class VectorizedSliceSampler(PrioritizedSliceSampler):
 # -- 11. hindsight relabelling -------------------------------------------------------------
 
 
-class HindsightReplayBuffer(HERReplayBuffer):
-    """TorchRL's ``HERReplayBuffer`` with three of its behaviours changed:
+class HERSampling(HERReplayBuffer):
+    """TorchRL's ``HERReplayBuffer``, its sampling steps under public names for the
+    relabelling of :mod:`rl_app.replay.hindsight` (which overrides :meth:`sample_relabelled`),
+    and one of its behaviours changed:
 
-    - It rebuilds its table of episode ends when the storage changed, which it tells by a
-      key holding the storage's private ``_last_cursor``: a tensor of slots after any
-      ``extend``. Once the storage is full the lengths in two keys are equal and Python
-      compares the tensors, which raises ("Boolean value of Tensor with more than one
-      value is ambiguous"); and a cursor that comes round to the same slots would keep a
-      stale table. Here the key is the storage's length and the writer's count of writes,
-      which grows with every one (private ``_storage_cache_key``).
-    - A relabelled transition keeps its stored ``("next", "terminated")``: where an episode
-      ends on reaching its goal, the step that reaches the new goal would bootstrap past
-      it, and the step that reached the old one would stop bootstrapping. Here
-      ``terminated_fn`` recomputes the flag of every sampled transition, after the
-      relabelling (in private ``_sample``), and a step that now terminates is ``done``; a
-      transition that keeps its goal gets back its own flag, where ``terminated_fn`` agrees
-      with the env. A slice sampler's flags travel in the sample's info, which TorchRL
-      writes over the data after ``_sample``: they are recomputed there too.
-    - It draws a goal for each sampled step, so along a slice of ``slice_len`` steps the
-      goal changes from step to step and a multi-step target would mix rewards and values
-      of different goals. Here a relabelled slice takes one goal, drawn as its first step's
-      (with TorchRL's private ``_get_episode_ends``, ``_get_episode_range`` and
-      ``_sample_goal_indices``), and each of its steps gets the reward and termination of
-      that goal; the first ``her_ratio`` of the slices are relabelled.
-
-    Tests: ``test_a_full_her_buffer_still_fails_to_compare_its_cache_key``,
-    ``test_her_still_keeps_the_stored_terminated_flag`` and
-    ``test_her_still_draws_a_goal_per_step_of_a_slice``."""
-
-    def __init__(
-        self,
-        reward_fn: Callable[[TensorDictBase], torch.Tensor],
-        terminated_fn: Callable[[TensorDictBase], torch.Tensor],
-        slice_len: int = 1,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(reward_fn, **kwargs)
-        self.terminated_fn = terminated_fn
-        self.slice_len = slice_len
+    It rebuilds its table of episode ends when the storage changed, which it tells by a key
+    holding the storage's private ``_last_cursor``: a tensor of slots after any ``extend``.
+    Once the storage is full the lengths in two keys are equal and Python compares the
+    tensors, which raises ("Boolean value of Tensor with more than one value is
+    ambiguous"); and a cursor that comes round to the same slots would keep a stale table.
+    Here the key is the storage's length and the writer's count of writes, which grows with
+    every one (private ``_storage_cache_key``). Test:
+    ``test_a_full_her_buffer_still_fails_to_compare_its_cache_key``."""
 
     def _storage_cache_key(self, storage: Any) -> tuple:
         return (len(storage), self.write_count)
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
-        if self.slice_len == 1:
-            data, info = super()._sample(batch_size)
-        else:
-            data, info = super(HERReplayBuffer, self)._sample(batch_size)  # not relabelled
-            self._relabel_slices(data, info)
-        terminated = self.terminated_fn(data)
-        with data.unlock_():
-            data.set(("next", "terminated"), terminated)
-            data.set(("next", "done"), data["next", "done"] | terminated)
-        if ("next", "terminated") in info:
-            info[("next", "terminated")] = terminated
-            info[("next", "done")] = info[("next", "done")] | terminated
-        return data, info
+        return self.sample_relabelled(batch_size)
 
-    def _relabel_slices(self, data: TensorDictBase, info: dict) -> None:
-        """The first ``her_ratio`` of the slices in ``data``, each given one goal: what its
-        episode achieved at a step drawn by the strategy from the slice's first step."""
-        episode_ends = self._get_episode_ends(self._storage)
-        index = info["index"][0] if isinstance(info["index"], tuple) else info["index"]
-        firsts = torch.as_tensor(index).reshape(-1, self.slice_len)[:, 0].contiguous()
-        relabelled = int(len(firsts) * self.her_ratio)
-        if len(episode_ends) == 0 or relabelled == 0:
-            return
-        firsts = firsts[:relabelled]
-        episode_starts, episode_last = self._get_episode_range(firsts, episode_ends)
-        stored = len(self._storage)
-        sources = self._sample_goal_indices(firsts, episode_starts, episode_last, stored)
-        goals = self._storage.get(sources).get(self.achieved_goal_key)
-        steps = data[: relabelled * self.slice_len]
-        goals = goals.repeat_interleave(self.slice_len, dim=0).to(steps.device)
-        with data.unlock_():
-            steps.set_(self.goal_key, goals)
-            steps.set_(("next", self.goal_key), goals)
-            steps.set_(self.reward_key, self.reward_fn(steps))
+    def sample_relabelled(self, batch_size: int) -> tuple[TensorDictBase, dict]:
+        """Data and info of a sample of ``batch_size``, relabelled: TorchRL's way by
+        default (:meth:`relabelled_per_step`)."""
+        return self.relabelled_per_step(batch_size)
+
+    def relabelled_per_step(self, batch_size: int) -> tuple[TensorDictBase, dict]:
+        """TorchRL's relabelled sample: the first ``her_ratio`` of its records each take a
+        goal of its own, drawn by the strategy."""
+        return super()._sample(batch_size)
+
+    def not_relabelled(self, batch_size: int) -> tuple[TensorDictBase, dict]:
+        """A sample as a plain buffer draws it, with the info TorchRL writes over it."""
+        return super(HERReplayBuffer, self)._sample(batch_size)
+
+    def episode_ends(self) -> torch.Tensor:
+        """The slots where stored episodes end, in storage order."""
+        return self._get_episode_ends(self.storage)
+
+    def goal_sources(self, index: torch.Tensor, episode_ends: torch.Tensor) -> torch.Tensor:
+        """For each stored step at ``index``, the slot whose achieved goal becomes its goal,
+        drawn by the strategy within its episode (``episode_ends``: :meth:`episode_ends`)."""
+        starts, last = self._get_episode_range(index, episode_ends)
+        return self._sample_goal_indices(index, starts, last, len(self.storage))
+
+
+# -- 12. what a buffer keeps per slot ------------------------------------------------------
+
+# What TorchRL 0.14.1 keeps per slot of the buffer (rl_app.fit counts it; measured:
+# docs/capacity.md). The prioritized sampler's two segment trees (sum and min) each hold
+# 2 x the power of two above the capacity of float32 values. Test:
+# ``test_a_buffer_still_keeps_these_bytes_per_slot``.
+TREE_VALUE_BYTES = 4
+# The writer stamps every slot with a generation (int64), kept where the storage is and
+# saved in each checkpoint; the buffer holding them doubles as the storage fills.
+GENERATION_BYTES = 8
+# A checkpoint saves the trees' leaves, a float32 each per slot; saving them copies the
+# trees first (TorchRL's state_dict), then reads the leaves out, next to a copy of the
+# generations.
+TREE_LEAF_BYTES = 8

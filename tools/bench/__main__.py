@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import tools.bench
-from rl_app.config import ConfigError, load_config
+from rl_app.checks import load_config
+from rl_app.config import ConfigError
 from tools.bench.checkpoint import bench_checkpoint, print_checkpoint
 from tools.bench.collection import bench_collection, print_collection
 from tools.bench.gpu import bench_gpu, print_gpu

@@ -29,7 +29,7 @@ def bench_checkpoint(config: Config, directory: Path) -> dict[str, Any]:
         run.progress.frames = CHECKPOINT_BUFFER
 
         started = time.perf_counter()
-        path = run.checkpoints.save(CHECKPOINT_BUFFER, eval_reward=0.0)
+        path = run.checkpoints.save(CHECKPOINT_BUFFER, eval_return=0.0)
         save_seconds = time.perf_counter() - started
         started = time.perf_counter()
         verify_checkpoint(path)

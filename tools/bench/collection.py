@@ -12,8 +12,9 @@ import gymnasium as gym
 import torch
 
 from rl_app.algorithms import make_algorithm
+from rl_app.checks import load_config
 from rl_app.collection import WeightSync, decide_devices, make_collector
-from rl_app.config import Config, load_config
+from rl_app.config import Config
 from rl_app.envs import make_env
 from rl_app.run import train
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.run import train
 from tools.bench.shared import phase_seconds
 

@@ -17,13 +17,15 @@ from typing import Any
 from tensordict import TensorDictBase
 
 from rl_app.checkpointing import disk_size, file_sha256, verify_checkpoint
-from rl_app.config import JOURNAL_DIR, REPLAY_DIR, Config, load_config
+from rl_app.checks import load_config
+from rl_app.config import Config
 from rl_app.envs import FRAME_KEY, make_env
 from rl_app.loop import Run, updates_per_iteration
-from rl_app.replay import TRAJECTORY_KEY, sample_batches
-from rl_app.replay.frames import RESET_STEP, STEP_KEY, extend_buffer, stack_frames
+from rl_app.replay import TRAJECTORY_KEY
+from rl_app.replay.frames import RESET_STEP, STEP_KEY
 from rl_app.replay.journal import restorable_from
 from rl_app.run import build_run
+from rl_app.rundir import JOURNAL_DIR, REPLAY_DIR
 from tools.bench.shared import random_play_batches, timed
 from tools.bench.update import seconds_per_update
 
@@ -67,12 +69,12 @@ def replayed_play(chunks: list[TensorDictBase]) -> Iterator[TensorDictBase]:
 
 
 def store_play(run: Run, play: Iterator[TensorDictBase], done: Callable[[int], bool]) -> int:
-    """Store batches of ``play`` as the loop stores a collected batch (``extend_buffer``,
+    """Store batches of ``play`` as the loop stores a collected batch (``buffer.extend``,
     reset slots included) until ``done(steps written)``; the steps written."""
     steps = 0
     while not done(steps):
         batch = next(play)
-        extend_buffer(run.buffer, batch, run.algorithm.replay_keys())
+        run.buffer.extend(batch)
         steps += batch.numel()
     return steps
 
@@ -123,19 +125,24 @@ def pixel_sampling(run: Run, play: Iterator[TensorDictBase]) -> dict[str, float]
     Interleaved round by round; medians."""
     config, buffer = run.config, run.buffer
     count = updates_per_iteration(config)
-    stacks = functools.partial(stack_frames, buffer)
-    ways = {"with_stacks": (stacks, True), "sampling_alone": (None, True),
-            "with_stacks_scan_cached": (stacks, False)}  # fmt: skip
+
+    def with_stacks() -> None:
+        buffer.sample_batches(config.optim.batch_size, count)
+
+    def sampling_alone() -> None:  # the sampler's draw and the storage's read of it
+        buffer.storage[buffer.sampler.sample(buffer.storage, count * config.optim.batch_size)[0]]
+
+    ways = {"with_stacks": (with_stacks, True), "sampling_alone": (sampling_alone, True),
+            "with_stacks_scan_cached": (with_stacks, False)}  # fmt: skip
     rates: dict[str, list[float]] = {name: [] for name in ways}
     for _ in range(PIXELS_SAMPLING_ROUNDS):
-        for name, (complete, extend_first) in ways.items():
+        for name, (draw, extend_first) in ways.items():
             seconds = 0.0
             for _ in range(PIXELS_CALLS_PER_ROUND):
                 if extend_first:
                     store_play(run, play, lambda steps: steps > 0)  # one collected batch
                 started = time.perf_counter()
-                sample_batches(buffer, config.replay, config.optim.batch_size, count,
-                               complete=complete)  # fmt: skip
+                draw()
                 seconds += time.perf_counter() - started
             rates[name].append(count * PIXELS_CALLS_PER_ROUND / seconds)
     medians = {f"{name}_batches_per_second": statistics.median(r) for name, r in rates.items()}
@@ -146,8 +153,7 @@ def pixel_update(run: Run) -> dict[str, Any]:
     """One Nature-CNN update on a batch with its stacks (medians of rounds after warm-up
     updates), and what the Atari-100k preset's updates would take at that speed."""
     config = run.config
-    batch = sample_batches(run.buffer, config.replay, config.optim.batch_size, 1,
-                           complete=functools.partial(stack_frames, run.buffer))[0]  # fmt: skip
+    batch = run.buffer.sample_batches(config.optim.batch_size, 1)[0]
     update = functools.partial(run.algorithm.update, batch)
     for _ in range(PIXELS_WARMUP_UPDATES):
         update()
@@ -168,11 +174,11 @@ def pixel_checkpoints(
     progress, checkpoints = run.progress, run.checkpoints
     journal_dir = run.run_dir / JOURNAL_DIR
     interval = run.config.eval.interval_frames
-    first, first_seconds = timed(lambda: checkpoints.save(progress.frames, eval_reward=0.0))
+    first, first_seconds = timed(lambda: checkpoints.save(progress.frames, eval_return=0.0))
     written, write_seconds = timed(lambda: store_play(run, play, lambda steps: steps >= interval))
     journal_bytes = disk_size(journal_dir)
     progress.frames += written
-    second, save_seconds = timed(lambda: checkpoints.save(progress.frames, eval_reward=0.0))
+    second, save_seconds = timed(lambda: checkpoints.save(progress.frames, eval_return=0.0))
     _, verify_seconds = timed(lambda: verify_checkpoint(first))
     restorable, restorable_seconds = timed(lambda: restorable_from(journal_dir))
     _, load_seconds = timed(lambda: checkpoints.load(first))
@@ -215,7 +221,7 @@ def whole_copy(run: Run) -> dict[str, float]:
 
 def bench_pixels(config: Config) -> dict[str, Any]:
     """The ``dqn_atari`` preset's run at its full capacity (real storage, journal and
-    checkpoints), its buffer filled through ``extend_buffer`` from recorded random play,
+    checkpoints), its buffer filled through ``buffer.extend`` from recorded random play,
     each pass under fresh trajectory ids: disk per transition, the learner's memory,
     sampling with frame stacks, a Nature-CNN update, and checkpoints next to a whole copy
     of the buffer. The run directory (7 GB of replay files) is deleted after."""

@@ -12,7 +12,7 @@ import torch
 from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.play import load_policy
 from rl_app.run import train
 from tools.bench.shared import BENCH_CAPACITY

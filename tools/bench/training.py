@@ -20,7 +20,7 @@ def bench_training(config: Config) -> dict[str, Any]:
     seconds = result.seconds_per_phase
     checkpoint_share = phase_seconds(seconds, "saving a checkpoint") / wall
     iteration_seconds = sum(seconds.values())
-    replay_seconds = phase_seconds(seconds, "sampling", "writing priorities")
+    replay_seconds = phase_seconds(seconds, "sampling", "writing back")
     return {
         "replay_capacity": config.replay.capacity,
         "sampling_and_priority_share_of_iteration": replay_seconds / iteration_seconds,

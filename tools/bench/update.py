@@ -17,9 +17,9 @@ from typing import Any
 import torch
 
 from rl_app.algorithms import make_algorithm
-from rl_app.config import load_config
+from rl_app.checks import load_config
 from rl_app.envs import make_env
-from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer, sample_batches
+from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer
 from rl_app.upstream.torch import MatmulFlops
 from tools.bench.shared import random_play
 
@@ -59,7 +59,7 @@ def update_step(overrides: list[str], inductor_split: bool = False) -> Callable[
     with tempfile.TemporaryDirectory() as scratch:
         buffer = make_replay_buffer(config.replay, Path(scratch), config.seed)
         buffer.extend(play.select(*algorithm.replay_keys(), TRAJECTORY_KEY))
-        batch = sample_batches(buffer, config.replay, config.optim.batch_size, 1)[0].clone()
+        batch = buffer.sample_batches(config.optim.batch_size, 1)[0].clone()
     return functools.partial(algorithm.update, batch)
 
 

@@ -1,0 +1,153 @@
+"""A run's config, loaded with every algorithm's settings and checked by every owner before
+anything is created: what ``train.py``, the sweep, ``play`` and the tests load.
+
+The checks live with what they check (:mod:`rl_app.algorithms`, :mod:`rl_app.envs.checks`,
+:mod:`rl_app.envs.atari`, :mod:`rl_app.replay.checks`); :func:`check_config` runs them in
+one order, with the checks of the learner's machine and collection that are kept here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from rl_app import config as loading
+from rl_app.algorithms import ALGORITHMS, RunConfig, check_actions, check_algorithm
+from rl_app.config import DEFAULT_PRESET, Config, ConfigError
+from rl_app.envs import checks as env_checks
+from rl_app.envs.atari import check_atari
+from rl_app.rendering import encoder_problem, render_problem
+from rl_app.replay import checks as replay_checks
+
+
+def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
+    """Merge defaults, a preset and ``key=value`` overrides into a :class:`Config` that
+    every owner accepts (:func:`rl_app.config.load_config`, then :func:`check_config`);
+    every mistake raises :class:`ConfigError`."""
+    config = loading.load_config(preset, overrides or [], RunConfig)
+    check_config(config)
+    return config
+
+
+def read_run_config(run_dir: Path) -> Config:
+    """The config a run saved in its directory (reads only; it was checked then)."""
+    return loading.read_run_config(run_dir, RunConfig)
+
+
+def describe_settings() -> str:
+    """Every group and key of a run, with default and meaning (``train.py --help``)."""
+    return loading.describe_settings(RunConfig)
+
+
+def check_config(config: Config) -> None:
+    """Raise :class:`ConfigError` naming the first key that does not fit the others, the env
+    or this machine."""
+    for key, device in (
+        ("device", config.device),
+        ("collector.device", config.collector.device),
+        ("replay.device", config.replay.device),
+    ):
+        check_device(key, device, allow_auto=key == "device")
+    check_cudagraphs(config)
+    check_collection(config)
+    replay_checks.check_value_target(config)
+    replay_checks.check_capacity(config)
+    replay_checks.check_burn_in(config)
+    check_algorithm(config)
+    replay_checks.check_recurrent_sequences(config)
+    env_checks.check_env_registered(config.env.name)
+    check_actions(config, env_checks.check_spaces(config.env))
+    replay_checks.check_hindsight(config)
+    env_checks.check_goal_env(config)
+    for algorithm in ALGORITHMS.values():  # every config holds every algorithm's group
+        algorithm.check(config)
+    check_atari(config)
+    replay_checks.check_slices(config, env_checks.max_episode_steps(config.env.name))
+    check_video(config)
+
+
+def check_device(key: str, device: str, allow_auto: bool) -> None:
+    """``cpu``, ``cuda`` or ``cuda:N`` (and ``auto`` where allowed), on a GPU this machine has."""
+    kind, _, index = device.partition(":")
+    accepted = "auto, cpu, cuda or cuda:N" if allow_auto else "cpu, cuda or cuda:N"
+    if (allow_auto and device == "auto") or device == "cpu":
+        return
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ConfigError(f"{key}={device!r} is not accepted: choose {accepted}")
+    count = torch.cuda.device_count()
+    if count == 0:
+        raise ConfigError(
+            f"{key}={device!r} is not available: this machine has no CUDA GPU (use cpu"
+            + (" or auto)" if allow_auto else ")")
+        )
+    if index and int(index) >= count:
+        raise ConfigError(
+            f"{key}={device!r} is not available: this machine has {count} CUDA GPU(s), "
+            f"cuda:0 to cuda:{count - 1}"
+        )
+
+
+def check_cudagraphs(config: Config) -> None:
+    """CUDA graphs need the learner on a GPU (``check_device`` has checked that one exists)
+    and a constant learning rate."""
+    if not config.optim.cudagraphs:
+        return
+    if config.optim.anneal_lr:
+        raise ConfigError(
+            "optim.anneal_lr=true cannot be combined with optim.cudagraphs=true: a captured "
+            "update keeps the learning rate it was recorded with"
+        )
+    if config.device.startswith("cuda"):
+        return
+    if config.device == "cpu" or not torch.cuda.is_available():
+        raise ConfigError(
+            f"optim.cudagraphs=true needs a CUDA learner, but device={config.device!r} "
+            + ("runs on the CPU" if config.device == "cpu" else "finds no CUDA GPU here")
+            + ": set device=cuda on a GPU machine, or optim.cudagraphs=false"
+        )
+
+
+def check_collection(config: Config) -> None:
+    """A run collects at least one batch; sync and distributed batches are gathered evenly
+    from every worker, and every collector's share is a whole number of steps of its
+    ``env.num_envs`` envs."""
+    collector, num_envs = config.collector, config.env.num_envs
+    if collector.total_frames < collector.frames_per_batch:
+        raise ConfigError(
+            f"collector.total_frames={collector.total_frames} is out of range: "
+            f"it must be at least collector.frames_per_batch={collector.frames_per_batch}"
+        )
+    if collector.mode == "sync" and collector.frames_per_batch % collector.workers:
+        raise ConfigError(
+            f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: "
+            f"in sync mode it is split evenly among collector.workers={collector.workers}"
+        )
+    if collector.mode == "distributed":
+        if collector.frames_per_batch % collector.nodes:
+            raise ConfigError(
+                f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: in "
+                f"distributed mode it is split evenly among collector.nodes={collector.nodes}"
+            )
+    sources = {"sync": collector.workers, "distributed": collector.nodes}.get(collector.mode, 1)
+    if (collector.frames_per_batch // sources) % num_envs:
+        raise ConfigError(
+            f"env.num_envs={num_envs} is not accepted: each collector's share of "
+            f"collector.frames_per_batch={collector.frames_per_batch} must be a whole number "
+            f"of steps of its {num_envs} envs"
+        )
+
+
+def check_video(config: Config) -> None:
+    """A run asked to record videos must be able to render its env headless and to encode
+    for its logger backend: checked here, so that it fails at start and not mid-run."""
+    if not config.eval.video:
+        return
+    if config.logger.backend == "none":
+        raise ConfigError(
+            "eval.video=true needs a logger backend to send videos to: "
+            "set logger.backend to csv, wandb or tensorboard"
+        )
+    problem = render_problem(config.env.name) or encoder_problem(config.logger.backend)
+    if problem is not None:
+        raise ConfigError(f"eval.video=true cannot work here: {problem}")

@@ -1,0 +1,213 @@
+"""A run's configuration, loaded in three layers, each overriding the one before: the
+schema's defaults, a preset from ``configs/<name>.yaml``, and ``key=value`` overrides from
+the command line. Each layer is checked key by key against the schema
+(:func:`~rl_app.config.schema.conform`) and the result value by value
+(:func:`~rl_app.config.schema.check_declared`); a resumed run takes its saved config as the
+preset and may change only the keys declared ``on_resume``.
+
+The schema is handed in (:func:`rl_app.checks.load_config` hands the run's, with every
+algorithm's group, and runs every owner's check after this): nothing here knows an owner.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rl_app.config.schema import ConfigError, check_declared, conform, flatten, settings_of
+from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE, HOLDER_FILE, LOCK_FILE
+
+PRESETS_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
+DEFAULT_PRESET = "default"
+# Each preset's comment line saying what it holds at full size (rl_app/fit.py estimates it).
+HOLDS_PREFIX = "# Holds at full size: "
+
+
+def load_config(preset: str, overrides: list[str], schema: type) -> Any:
+    """Merge ``schema``'s defaults, a preset and ``key=value`` overrides into an instance of
+    ``schema`` whose every value is one its setting accepts.
+
+    ``preset`` names a file in ``configs/`` or is the path of a YAML file. When ``run_dir``
+    names a run that holds a checkpoint, the config saved in that run replaces the preset
+    (the run resumes), and only keys declared ``on_resume`` may be overridden. Every
+    mistake raises :class:`ConfigError` naming the file (and line) or the key."""
+    given = conform(parse_overrides(overrides), schema, "")
+    run_dir = given.get("run_dir")
+    if run_dir is not None and holds_checkpoint(Path(run_dir)):
+        saved = read_run_config(Path(run_dir), schema)
+        config = build(schema, merge(dataclasses.asdict(saved), given))
+        refuse_experiment_changes(saved, config)
+    else:
+        preset_tree = conform(read_yaml(preset_file(preset)), schema, "")
+        config = build(schema, merge(preset_tree, given))
+    tree = dataclasses.asdict(config)
+    for key, _, accepted in settings_of(schema):
+        value = tree
+        for part in key.split("."):
+            value = value[part]
+        check_declared(key, value, accepted)
+    if config.run_dir is None:
+        config.run_dir = f"runs/{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    check_run_dir(Path(config.run_dir))
+    return config
+
+
+def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, group by group (a list is one value: ``top``'s replaces)."""
+    merged = dict(base)
+    for key, value in top.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def build(schema: type, tree: dict[str, Any]) -> Any:
+    """An instance of ``schema`` with the values of a conformed ``tree``, defaults elsewhere."""
+    values = {}
+    for item in dataclasses.fields(schema):
+        if dataclasses.is_dataclass(item.default_factory):
+            values[item.name] = build(item.default_factory, tree.get(item.name, {}))
+        elif item.name in tree:
+            value = tree[item.name]
+            values[item.name] = list(value) if isinstance(value, list) else value
+    return schema(**values)
+
+
+def available_presets() -> list[str]:
+    return sorted(path.stem for path in PRESETS_DIR.glob("*.yaml"))
+
+
+def describe_presets() -> str:
+    """One line per preset, with what it holds at full size, for ``--help``."""
+    lines = []
+    for preset in available_presets():
+        text = (PRESETS_DIR / f"{preset}.yaml").read_text().splitlines()
+        holds = next((line.removeprefix(HOLDS_PREFIX) for line in text
+                      if line.startswith(HOLDS_PREFIX)), "")  # fmt: skip
+        lines.append(f"  {preset}: {holds}")
+    return "\n".join(lines)
+
+
+def describe_settings(schema: type) -> str:
+    """The text of ``train.py --help``: every group and key, with default and meaning."""
+    lines = []
+    group_shown = None
+    groups = {f.name: f.default_factory for f in dataclasses.fields(schema)}
+    for key, item, metadata in settings_of(schema):
+        group_name = key.rpartition(".")[0]
+        if group_name and group_name != group_shown:
+            lines.append(f"\n  {group_name}: {groups[group_name].__doc__.splitlines()[0].strip()}")
+            group_shown = group_name
+        default = item.default_factory() if item.default is dataclasses.MISSING else item.default
+        lines.append(f"    {key}={default}  ({metadata['doc']})")
+    return "\n".join(lines)
+
+
+def preset_file(preset: str) -> Path:
+    """``configs/<preset>.yaml``, or ``preset`` itself when it is a path to a YAML file."""
+    if preset.endswith((".yaml", ".yml")) or "/" in preset:
+        if not Path(preset).is_file():
+            raise ConfigError(f"--config {preset}: no such file")
+        return Path(preset)
+    path = PRESETS_DIR / f"{preset}.yaml"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown preset {preset!r}: accepted presets are {', '.join(available_presets())}"
+            " (or give the path of a YAML file)"
+        )
+    return path
+
+
+def read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML mapping of settings; a syntax error is named with its file and line."""
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise ConfigError(f"{where}: not valid YAML ({problem})") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: cannot be read ({error})") from None
+    if tree is None:
+        return {}
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{path}: must be a mapping of settings (key: value), not {tree!r}")
+    return tree
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """``["optim.lr=1e-3", ...]`` into a nested mapping; values are read as YAML."""
+    tree: dict[str, Any] = {}
+    for item in overrides:
+        key, equals, text = item.partition("=")
+        if not equals or not key.strip():
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            raise ConfigError(
+                f"{key}={text!r} is not a value: quote text, e.g. {key}='...'"
+            ) from None
+        parts = key.split(".")
+        node = tree
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {item!r} conflicts with {'.'.join(parts[:-1])}=...")
+            node = child
+        node[parts[-1]] = value
+    return tree
+
+
+def read_run_config(run_dir: Path, schema: type) -> Any:
+    """The config a run saved in its directory, an instance of ``schema`` (reads only;
+    values were checked then)."""
+    return build(schema, conform(read_yaml(run_dir / CONFIG_FILE), schema, ""))
+
+
+def holds_checkpoint(run_dir: Path) -> bool:
+    """Whether ``run_dir`` is a run with at least one checkpoint (it will resume)."""
+    return (run_dir / CONFIG_FILE).is_file() and any(
+        (run_dir / CHECKPOINTS_DIR).glob("checkpoint-*")
+    )
+
+
+def check_run_dir(run_dir: Path) -> None:
+    """A run directory is new, empty, or a run (resumed, or restarted if it never saved)."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"run_dir={str(run_dir)!r} is a file: give a directory")
+    if not run_dir.is_dir():
+        return
+    # Lock files alone are left by a run killed before it wrote its config.
+    others = [p for p in run_dir.iterdir() if p.name not in (LOCK_FILE, HOLDER_FILE)]
+    if others and not (run_dir / CONFIG_FILE).exists():
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} holds other files and is not a run directory: "
+            "give a new or empty directory, or an earlier run's directory to resume it"
+        )
+
+
+def refuse_experiment_changes(saved: Any, resumed: Any) -> None:
+    """Raise :class:`ConfigError` if a resume would change the experiment itself."""
+    before = flatten(dataclasses.asdict(saved))
+    after = flatten(dataclasses.asdict(resumed))
+    changeable = changeable_on_resume(type(saved))
+    changed = [key for key in after if after[key] != before[key] and key not in changeable]
+    if changed:
+        key = changed[0]
+        raise ConfigError(
+            f"{key}={after[key]!r} cannot change when resuming (the run was started with "
+            f"{before[key]!r}); keys that may change on resume: {', '.join(changeable)}"
+        )
+
+
+def changeable_on_resume(schema: type) -> list[str]:
+    """Keys a resumed run may change (declared with ``on_resume=True``)."""
+    return [key for key, _, metadata in settings_of(schema) if metadata["on_resume"]]

@@ -1,0 +1,494 @@
+"""Every setting of a run: a typed schema, each key with its meaning and accepted values.
+
+The schema names no algorithm, sampler or env: the core groups are here, and each algorithm
+brings its own group (:mod:`rl_app.algorithms`). :func:`conform` is the one check of key
+names and types; :func:`check_declared` checks a value against what its setting declares.
+Checks that involve several keys, an env or the machine live with their owners and run
+from :func:`rl_app.checks.check_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A user's configuration mistake: reported as one line, exit status 2."""
+
+
+# Whole numbers reach torch and the OS as int64.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# TorchRL's C++ segment trees (every prioritized sampler) hold 2 x the power of two above
+# their size in a std::vector<float>: larger sizes raise (from 2**59) or never return
+# (from 2**62, the power of two overflows).
+SEGMENT_TREE_MAX_SIZE = 2**59 - 1
+# torch.set_num_threads takes a C int.
+C_INT_MAX = 2**31 - 1
+
+
+def setting(
+    default: Any,
+    doc: str,
+    *,
+    choices: tuple[str, ...] | None = None,
+    at_least: float | None = None,
+    above: float | None = None,
+    at_most: float | None = None,
+    on_resume: bool = False,
+) -> Any:
+    """A config field with a one-line description (shown by ``train.py --help``) and the
+    values it accepts, which :func:`check_declared` checks for every field: ``choices``, or
+    bounds (``at_least``/``above``/``at_most``; for a list, each element). ``on_resume``: the key
+    may change when a run resumes (budgets, cadence, bookkeeping, not the experiment);
+    a group declared with ``metadata={"on_resume": True}`` hands that to all its keys."""
+    metadata = {"doc": doc, "choices": choices, "at_least": at_least, "above": above,
+                "at_most": at_most, "on_resume": on_resume}  # fmt: skip
+    if isinstance(default, tuple):  # a list setting: each config gets its own list
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+DEVICE_DOC = "auto | cpu | cuda | cuda:N"
+
+
+@dataclass
+class EnvConfig:
+    """The environment trained on."""
+
+    name: str = setting("Pendulum-v1", "Gymnasium environment id, or module:id")
+    num_envs: int = setting(
+        1, "envs stepped as one batch by each collector (a vector env)", at_least=1
+    )
+    normalize_observations: bool = setting(
+        False,
+        "shift and scale observations to zero mean and unit variance, with statistics of "
+        "random play from a fixed seed (TorchRL's ObservationNorm; the same in every env)",
+    )
+    observation_indices: list[int] | None = setting(  # noqa: RUF009
+        None,
+        "keep only these entries of a Box observation, e.g. [0, 2]: CartPole without its "
+        "velocities (unset: the whole observation)",
+        at_least=0,
+    )
+    max_episode_steps: int | None = setting(
+        None,
+        "end episodes (truncated) after this many agent steps, on top of the env's own limit "
+        "(unset: the env's own only; Atari games end at 108,000 frames = 27,000 steps)",
+        at_least=1,
+    )
+
+
+@dataclass
+class NetworkConfig:
+    """Sizes of the policy and value networks."""
+
+    # A tuple default: setting() gives each config its own list of it.
+    hidden_sizes: list[int] = setting((256, 256), "hidden layer widths of every MLP", at_least=1)  # noqa: RUF009
+    recurrent: str = setting(
+        "none",
+        "none | lstm: an LSTM between the MLP and the Q-values (algo=dqn), its state carried "
+        "through each episode and stored with every frame",
+        choices=("none", "lstm"),
+    )
+    lstm_size: int = setting(64, "size of the LSTM's state (network.recurrent=lstm)", at_least=1)
+
+
+@dataclass
+class CollectorConfig:
+    """How environment frames are gathered."""
+
+    total_frames: int = setting(20_000, "environment frames to train for", at_least=1,
+                                on_resume=True)  # fmt: skip
+    frames_per_batch: int = setting(200, "frames collected per training iteration", at_least=1)
+    init_random_frames: int = setting(
+        1_000, "frames of uniform random actions before learning", at_least=0
+    )
+    mode: str = setting(
+        "direct",
+        "direct (in-process) | sync | async (worker processes) | distributed (SLURM jobs)",
+        choices=("direct", "sync", "async", "distributed"),
+    )
+    workers: int = setting(
+        2, "worker processes (sync and async modes; distributed: one collector per job)",
+        at_least=1,
+    )  # fmt: skip
+    nodes: int = setting(2, "collection jobs submitted to SLURM (distributed mode)", at_least=1)
+    address: str | None = setting(
+        None, "address collection jobs reach the learner at (distributed; unset: this host's)"
+    )
+    port: int | None = setting(
+        None,
+        "learner's rendezvous TCP port (distributed; unset: a free one; +1, +2 used too)",
+        at_least=1024, at_most=65533,
+    )  # fmt: skip
+    connect_timeout_s: int = setting(
+        600, "how long collection jobs may take to start and join (distributed mode)", at_least=1
+    )
+    device: str = setting("cpu", f"where worker processes run the policy: {DEVICE_DOC}")
+    sync_every: int = setting(
+        1, "push learner weights to the workers every N iterations", at_least=1
+    )
+    compile_policy: bool = setting(
+        False, "torch.compile the acting policy (faster stepping after a few seconds' compile)"
+    )
+
+
+@dataclass
+class OptimConfig:
+    """The learner's updates."""
+
+    lr: float = setting(3e-4, "Adam learning rate of every network", above=0)
+    anneal_lr: bool = setting(
+        False,
+        "decay the learning rate linearly from optim.lr to 0 over collector.total_frames",
+    )
+    batch_size: int = setting(256, "transitions per gradient update", at_least=1)
+    utd_ratio: float = setting(1.0, "gradient updates per collected frame", above=0)
+    gamma: float = setting(0.99, "discount factor", at_least=0, at_most=1)
+    target: str = setting(
+        "td0",
+        "value target: td0 | nstep (rewards to the slice end, then bootstrap) | td_lambda "
+        "(TD(lambda) over each slice); multi-step targets need a slice sampler",
+        choices=("td0", "nstep", "td_lambda"),
+    )
+    lmbda: float = setting(0.9, "lambda of optim.target=td_lambda", at_least=0, at_most=1)
+    compile: bool = setting(
+        False,
+        "torch.compile the loss: faster updates after a one-time compile (cached on disk)",
+        on_resume=True,
+    )
+    cudagraphs: bool = setting(
+        False,
+        "capture each update in a CUDA graph, replayed in one launch (a CUDA learner only)",
+        on_resume=True,
+    )
+    fused_adam: bool = setting(
+        True,
+        "Adam's fused kernel: one kernel steps every parameter (same steps up to float rounding)",
+    )
+    adam_eps: float = setting(
+        1e-8, "Adam's epsilon, added to the root of its second moment (DrQ(eps): 1.5e-4)", above=0
+    )
+
+
+@dataclass
+class ReplayConfig:
+    """The replay buffer (memmap storage inside the run directory, or GPU memory)."""
+
+    capacity: int = setting(
+        100_000, "transitions kept in the buffer", at_least=1, at_most=SEGMENT_TREE_MAX_SIZE
+    )
+    sampler: str = setting(
+        "prioritized_slice",
+        "prioritized_slice | slice | prioritized_sequence (TorchRL's Sequence windows: "
+        "replay.burn_in steps, then replay.slice_len learning steps, padded and masked at "
+        "episode ends) | prioritized | uniform",
+        choices=("prioritized_slice", "slice", "prioritized_sequence", "prioritized", "uniform"),
+    )
+    slice_len: int = setting(
+        8, "consecutive steps per sampled slice or sequence (sequence samplers)", at_least=1
+    )
+    burn_in: int = setting(
+        0,
+        "steps before each sampled sequence that only warm up the recurrent state: no loss "
+        "(replay.sampler=prioritized_sequence)",
+        at_least=0,
+    )
+    refresh_states: bool = setting(
+        True,
+        "write the recurrent states the learner recomputes back into the sampled records "
+        "that are still in the buffer (network.recurrent=lstm)",
+    )
+    her_ratio: float = setting(
+        0.0,
+        "hindsight experience replay: the fraction of each sampled batch whose goal is "
+        "replaced by one its episode achieved (0: off; a goal env, algo=dqn or sac with an "
+        "MLP; a slice takes one goal for all its steps)",
+        at_least=0, at_most=1,
+    )  # fmt: skip
+    her_strategy: str = setting(
+        "future",
+        "the achieved goal a transition is relabelled with: future (after a step from it to "
+        "its episode's end) | final (after its episode's last step) | episode (after any step "
+        "of its episode)",
+        choices=("future", "final", "episode"),
+    )
+    alpha: float = setting(0.6, "priority exponent (prioritized samplers)", at_least=0)
+    beta: float = setting(0.4, "importance-weight exponent (prioritized samplers)", at_least=0)
+    device: str = setting(
+        "cpu",
+        "where replay data are stored: cpu (memory-mapped files in the run directory) | cuda | "
+        "cuda:N (GPU memory: no host-to-GPU copy per batch)",
+    )
+
+
+@dataclass
+class EvalConfig:
+    """Deterministic evaluation, which also picks the best checkpoint."""
+
+    interval_frames: int = setting(
+        2_000, "evaluate every N collected frames", at_least=1, on_resume=True
+    )
+    episodes: int = setting(10, "episodes per evaluation", at_least=1, on_resume=True)
+    video: bool = setting(
+        False, "record an evaluation episode and send it to the logger backend", on_resume=True
+    )
+    video_every: int = setting(
+        1, "record the video at every N-th evaluation (eval.video=true)", at_least=1,
+        on_resume=True,
+    )  # fmt: skip
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints saved after each evaluation, on a stop, and every ``interval_minutes``."""
+
+    keep_last: int = setting(
+        2, "most recent checkpoints kept (the best is kept too)", at_least=1, on_resume=True
+    )
+    interval_minutes: float = setting(
+        5.0, "also save at the first iteration boundary this long after the last save "
+        "(0: every iteration)", at_least=0, on_resume=True,
+    )  # fmt: skip
+
+
+@dataclass
+class LoggerConfig:
+    """Where metrics go (metrics.jsonl and curve.png are always written)."""
+
+    backend: str = setting(
+        "csv", "none | csv | wandb | tensorboard",
+        choices=("none", "csv", "wandb", "tensorboard"), on_resume=True,
+    )  # fmt: skip
+    project: str = setting("rl_app", "wandb project name", on_resume=True)
+
+
+@dataclass
+class SlurmConfig:
+    """SLURM launch (launcher=slurm): a profile from slurm/profiles/, overridable key by key.
+    Profile values are checked against the cluster when submitting."""
+
+    profile: str = setting("local", "cluster profile: slurm/profiles/<profile>.yaml")
+    partition: str | None = setting(None, "partition (unset: the profile's)")
+    account: str | None = setting(None, "account (unset: the profile's)")
+    qos: str | None = setting(None, "quality of service (unset: the profile's)")
+    time_min: int | None = setting(None, "time limit in minutes (unset: the profile's)")
+    gpus_per_node: int | None = setting(None, "GPUs for the job (unset: the profile's)")
+    cpus_per_task: int | None = setting(None, "CPUs for the job (unset: the profile's)")
+    mem_gb: int | None = setting(None, "memory in GB (unset: the profile's)")
+    constraint: str | None = setting(None, "node constraint (unset: the profile's)")
+    signal_delay_s: int | None = setting(None, "USR2 this long before the time limit")
+    max_requeues: int | None = setting(None, "preemptions/timeouts a job may be requeued for")
+    array: str | None = setting(None, "one job per value of one key, e.g. seed=1,2,3")
+    collector_partition: str | None = setting(
+        None, "partition of collection jobs (collector.mode=distributed; unset: the job's)"
+    )
+    collector_cpus_per_task: int | None = setting(
+        None, "CPUs of each collection job (unset: the job's, slurm.cpus_per_task)"
+    )
+    collector_mem_gb: int | None = setting(None, "memory of each collection job in GB")
+    collector_time_min: int | None = setting(
+        None, "time limit of collection jobs in minutes (unset: the job's)"
+    )
+
+
+@dataclass
+class Config:
+    """A whole run."""
+
+    launcher: str = setting(
+        "local", "local (train here) | slurm (submit with submitit)",
+        choices=("local", "slurm"), on_resume=True,
+    )  # fmt: skip
+    # The registered algorithms, their names and groups, come with the run's schema
+    # (run_schema).
+    algo: str = setting("", "the algorithm")
+    seed: int = setting(0, "seed of every random number generator", at_least=0, at_most=2**32 - 1)
+    device: str = setting("auto", f"learner device: {DEVICE_DOC}")
+    threads: int = setting(
+        1, "torch intra-op threads (one is fastest on small machines)", at_least=1,
+        at_most=C_INT_MAX, on_resume=True,
+    )  # fmt: skip
+    run_dir: str | None = setting(
+        None, "where the run's files go (default runs/<preset>-<time>)", on_resume=True
+    )
+    env: EnvConfig = field(default_factory=EnvConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
+    collector: CollectorConfig = field(default_factory=CollectorConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, metadata={"on_resume": True})
+
+
+def run_schema(algo: Any, groups: dict[str, type], *, name: str, module: str) -> type:
+    """:class:`Config` with the setting ``algo`` (a :func:`setting` naming the algorithms)
+    and each algorithm's group of settings (``groups``: its key and dataclass), before the
+    scale-out ``slurm`` group. ``module`` must hold the result as ``name``: configs are
+    pickled to worker processes and SLURM jobs."""
+    fields: list[tuple[str, Any, Any]] = []
+    for item in dataclasses.fields(Config):
+        if item.name == "slurm":
+            fields += [(key, group, field(default_factory=group)) for key, group in groups.items()]
+        fields.append((item.name, item.type, algo if item.name == "algo" else same_field(item)))
+    namespace = {"__doc__": Config.__doc__, "__module__": module}
+    return dataclasses.make_dataclass(name, fields, namespace=namespace)
+
+
+def same_field(item: dataclasses.Field) -> Any:
+    """A new field with ``item``'s default and metadata (a field belongs to one class)."""
+    if item.default_factory is not dataclasses.MISSING:
+        return field(default_factory=item.default_factory, metadata=item.metadata)
+    return field(default=item.default, metadata=item.metadata)
+
+
+def settings_of(
+    schema: type, prefix: str = "", inherited: bool = False
+) -> Iterator[tuple[str, dataclasses.Field, dict[str, Any]]]:
+    """Every key of the schema (``"optim.lr"``, ...) with its field and metadata, groups
+    walked into; a group's ``on_resume`` is handed down to its keys."""
+    for item in dataclasses.fields(schema):
+        on_resume = inherited or item.metadata.get("on_resume", False)
+        if dataclasses.is_dataclass(item.default_factory):
+            yield from settings_of(item.default_factory, f"{prefix}{item.name}.", on_resume)
+        else:
+            yield prefix + item.name, item, {**item.metadata, "on_resume": on_resume}
+
+
+def conform(tree: dict[str, Any], schema: type, prefix: str) -> dict[str, Any]:
+    """``tree`` checked against ``schema`` key by key: unknown keys, a value where a group is
+    expected (or the other way round) and values of the wrong type raise
+    :class:`ConfigError`; whole numbers written as floats (``1e4``) become integers."""
+    fields = {item.name: item for item in dataclasses.fields(schema)}
+    conformed = {}
+    for name, value in tree.items():
+        key = f"{prefix}{name}"
+        item = fields.get(str(name))
+        if item is None:
+            accepted = ", ".join(prefix + f for f in fields)
+            raise ConfigError(f"unknown key {key!r}: accepted keys here are {accepted}")
+        if dataclasses.is_dataclass(item.default_factory):
+            if not isinstance(value, dict):
+                keys = ", ".join(
+                    f"{key}.{f.name}" for f in dataclasses.fields(item.default_factory)
+                )
+                raise ConfigError(
+                    f"{key}={value!r} is not accepted: {key} is a group of settings ({keys}): "
+                    "give it a mapping of those keys"
+                )
+            conformed[name] = conform(value, item.default_factory, f"{key}.")
+        else:
+            conformed[name] = conform_value(key, value, str(item.type), dict(item.metadata))
+    return conformed
+
+
+def conform_value(key: str, value: Any, annotation: str, accepted: dict[str, Any]) -> Any:
+    """One setting's value in the type its field declares (``int``, ``float | None``, ...);
+    a whole number also within the bounds its setting declares (``accepted``) and int64."""
+    optional = annotation.endswith("| None")
+    kind = annotation.removesuffix("| None").strip()
+    if value is None:
+        if optional:
+            return None
+        raise ConfigError(f"{key} is empty: give a value ({kind})")
+    if kind == "list[int]":
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r} is not accepted: give a list, e.g. [256, 256]")
+        return [conform_value(key, element, "int", accepted) for element in value]
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}={value!r} is not accepted: give true or false")
+    if kind in ("int", "float"):
+        number = as_number(value)
+        if number is None:
+            raise ConfigError(f"{key}={value!r} is not accepted: give a number ({kind})")
+        if kind == "float":
+            return float(number)
+        if not float(number).is_integer():
+            raise ConfigError(
+                f"{key}={value!r} is not accepted: give a whole number (e.g. 10000 or 1e4)"
+            )
+        whole = int(number)
+        # Beyond int64 here, where the value is still as written (1e99, not its 100 digits);
+        # the declared bounds alone are checked by check_declared().
+        if not INT64_MIN <= whole <= INT64_MAX:
+            raise ConfigError(f"{key}={value!r} {violation(whole, whole_number_bounds(accepted))}")
+        return whole
+    if kind == "str" and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{key}={value!r} is not accepted: give a {kind}")
+
+
+def whole_number_bounds(accepted: dict[str, Any]) -> dict[str, Any]:
+    """The bounds a whole-number setting declares, narrowed to int64 (what torch and the
+    OS take)."""
+    at_least, at_most = accepted.get("at_least"), accepted.get("at_most")
+    return {
+        "at_least": INT64_MIN if at_least is None else max(at_least, INT64_MIN),
+        "at_most": INT64_MAX if at_most is None else min(at_most, INT64_MAX),
+    }
+
+
+def as_number(value: Any) -> float | int | None:
+    """An int or float, also from text such as ``1e4`` (YAML reads that as text); None if
+    ``value`` is no finite number (nor an integer a float can hold)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if not math.isfinite(number):
+        return None
+    return value if isinstance(value, int) else number
+
+
+def check_declared(key: str, value: Any, accepted: dict[str, Any]) -> None:
+    """``value`` against the ``choices`` and bounds its setting declares (None: unset;
+    a list: each element)."""
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(f"{key}=[] is out of range: give one or more values")
+        for element in value:
+            if (why := violation(element, accepted)) is not None:
+                raise ConfigError(f"{key}={value!r} is not accepted: {element!r} {why}")
+    elif value is not None and (why := violation(value, accepted)) is not None:
+        raise ConfigError(f"{key}={value!r} {why}")
+
+
+def violation(value: Any, accepted: dict[str, Any]) -> str | None:
+    """What is wrong with one value, or None."""
+    choices = accepted.get("choices")
+    if choices is not None and value not in choices:
+        return f"is not accepted: choose one of {', '.join(choices)}"
+    bounds = {">=": accepted.get("at_least"), ">": accepted.get("above"),
+              "<=": accepted.get("at_most")}  # fmt: skip
+    holds = {">=": lambda b: value >= b, ">": lambda b: value > b, "<=": lambda b: value <= b}
+    if any(bound is not None and not holds[word](bound) for word, bound in bounds.items()):
+        described = " and ".join(f"{w} {b}" for w, b in bounds.items() if b is not None)
+        return f"is out of range: it must be {described}"
+    return None
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def to_yaml(config: Any) -> str:
+    """The config as YAML, groups as mappings, in the schema's order (what a run saves)."""
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)

@@ -1,0 +1,100 @@
+"""What the replay settings ask of each other and of the rest of the config, checked before
+anything is created: which samplers yield sequences, the value targets and recurrent
+networks that need them, slices that fit an episode and a batch, hindsight relabelling."""
+
+from __future__ import annotations
+
+from rl_app.config import Config, ConfigError
+
+SEQUENCE_SAMPLERS = ("prioritized_slice", "slice", "prioritized_sequence")
+# What hindsight relabelling can relabel: transitions and slices.
+HER_SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
+
+
+def samples_sequences(sampler: str) -> bool:
+    """Whether ``replay.sampler`` yields ``[sequences, steps]`` batches (time last)."""
+    return sampler in SEQUENCE_SAMPLERS
+
+
+def check_value_target(config: Config) -> None:
+    """Multi-step targets run along the time dimension of sampled slices."""
+    target, sampler = config.optim.target, config.replay.sampler
+    if target != "td0" and not samples_sequences(sampler):
+        raise ConfigError(
+            f"optim.target={target!r} needs a sequence sampler (replay.sampler="
+            f"{', '.join(SEQUENCE_SAMPLERS)}): replay.sampler={sampler!r} samples single steps"
+        )
+
+
+def check_capacity(config: Config) -> None:
+    """A batch is drawn from what the buffer holds."""
+    if config.optim.batch_size > config.replay.capacity:
+        raise ConfigError(
+            f"optim.batch_size={config.optim.batch_size} is out of range: "
+            f"it must not exceed replay.capacity={config.replay.capacity}"
+        )
+
+
+def check_burn_in(config: Config) -> None:
+    """Burn-in is a part of TorchRL's Sequence windows."""
+    replay = config.replay
+    if replay.burn_in and replay.sampler != "prioritized_sequence":
+        raise ConfigError(
+            f"replay.burn_in={replay.burn_in} needs replay.sampler=prioritized_sequence "
+            f"(replay.sampler={replay.sampler!r} has no burn-in steps): set replay.burn_in=0"
+        )
+
+
+def check_recurrent_sequences(config: Config) -> None:
+    """A recurrent network learns from sequences."""
+    recurrent, sampler = config.network.recurrent, config.replay.sampler
+    if recurrent != "none" and not samples_sequences(sampler):
+        raise ConfigError(
+            f"network.recurrent={recurrent!r} learns from sequences: "
+            f"replay.sampler={sampler!r} samples single steps; choose one of "
+            f"{', '.join(SEQUENCE_SAMPLERS)}"
+        )
+
+
+def check_hindsight(config: Config) -> None:
+    """Hindsight relabelling (``replay.her_ratio``) takes transitions or slices (not
+    Sequence windows) of episodes stored one after the other."""
+    replay = config.replay
+    if not replay.her_ratio:
+        return
+    her = f"replay.her_ratio={replay.her_ratio}"
+    if replay.sampler == "prioritized_sequence":
+        # A Sequence window (burn-in, padding) is not a slice of one goal's steps: its records
+        # would take goals one by one.
+        raise ConfigError(
+            f"{her} is not accepted with replay.sampler='prioritized_sequence': relabelling "
+            f"takes transitions or slices; set replay.sampler to one of {', '.join(HER_SAMPLERS)}"
+        )
+    if config.collector.mode != "direct" or config.env.num_envs != 1:
+        # Relabelling finds episodes by their done flags in storage order alone.
+        raise ConfigError(
+            f"{her} needs each env's steps stored one after the other, as only "
+            f"collector.mode=direct with env.num_envs=1 stores them (collector.mode="
+            f"{config.collector.mode!r}, env.num_envs={config.env.num_envs}): episodes are "
+            "found by their done flags alone, so interleaved envs would join into false episodes"
+        )
+
+
+def check_slices(config: Config, episode_len: int | None) -> None:
+    """A sampled slice (with its burn-in) fits in an episode of at most ``episode_len``
+    steps (None: no limit), and a batch is a whole number of slices."""
+    replay = config.replay
+    if not samples_sequences(replay.sampler):
+        return
+    window = replay.burn_in + replay.slice_len
+    if episode_len is not None and window > episode_len:
+        keys = "replay.burn_in + replay.slice_len" if replay.burn_in else "replay.slice_len"
+        raise ConfigError(
+            f"{keys}={window} is out of range: {config.env.name} episodes last at most "
+            f"{episode_len} steps"
+        )
+    if config.optim.batch_size % replay.slice_len:
+        raise ConfigError(
+            f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
+            f"sampler it must be a multiple of replay.slice_len={replay.slice_len}"
+        )
