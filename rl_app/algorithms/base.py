@@ -103,7 +103,7 @@ class Algorithm(abc.ABC):
 
     @abc.abstractmethod
     def policy_factory(self) -> Callable[..., TensorDictModuleBase]:
-        """A picklable factory for a fresh copy of ``policy``, for the Evaluator and for
+        """A picklable factory for a fresh copy of ``policy``, for evaluation and for
         collector worker processes. Weights are loaded into the copy separately."""
 
     @abc.abstractmethod
