@@ -41,7 +41,7 @@ def evaluate(
     episodes = play_episodes(config, actor, config.eval.episodes)
     scores = {EVAL_KEY: episodes.returns.mean().item()}
     if episodes.reached_goal is not None:
-        scores[SUCCESS_RATE_KEY] = episodes.reached_goal.float().mean().item()
+        scores[SUCCESS_RATE_KEY] = episodes.reached_goal.double().mean().item()  # 9 of 10: 0.9
     return scores
 
 

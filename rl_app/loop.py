@@ -364,5 +364,5 @@ def iteration_metrics(
         metrics["train/episode_return"] = returns.mean().item()
         if ("next", SUCCESS_KEY) in batch.keys(include_nested=True):
             reached = batch["next", SUCCESS_KEY].reshape(-1)[episode_ends]
-            metrics["train/success_rate"] = reached.float().mean().item()
+            metrics["train/success_rate"] = reached.double().mean().item()
     return metrics

@@ -167,7 +167,7 @@ def test_evaluation_reports_the_success_rate_of_a_goal_env_only(tiny_config) -> 
         (["collector.mode=sync"], "collector.mode=direct with env.num_envs=1"),
         (
             ["network.recurrent=lstm", "replay.sampler=prioritized_slice", "replay.slice_len=1"],
-            "only the MLPs of algo=dqn and algo=sac read the goal",
+            "only the MLPs of algo=dqn and algo=sac",
         ),
         (["replay.her_strategy=random"], "choose one of future, final, episode"),
         (["replay.her_ratio=1.5"], "replay.her_ratio=1.5 is out of range"),
