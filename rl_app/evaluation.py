@@ -1,18 +1,27 @@
-"""Deterministic evaluation with TorchRL's Evaluator."""
+"""Deterministic evaluation: its episodes played side by side, one per env of a batch."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
+from typing import Any
 
-from tensordict import TensorDictBase
+import torch
 from tensordict.nn import TensorDictModuleBase
-from torchrl.collectors import Evaluator
-from torchrl.envs import EnvBase
+from torchrl.envs import EnvBase, SerialEnv
+from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from rl_app.config import Config
-from rl_app.envs import EVAL_SEED_OFFSET, SUCCESS_KEY, env_factory, make_env
+from rl_app.envs import EVAL_SEED_OFFSET, SUCCESS_KEY, make_env
 from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
+from rl_app.upstream.torchrl import close_keeping_threads, gymnasium_env
+
+
+@dataclasses.dataclass
+class Episodes:
+    returns: torch.Tensor  # float32, one per episode
+    reached_goal: torch.Tensor | None  # in a goal env: whether each one's last step did
 
 
 def evaluate(
@@ -24,58 +33,111 @@ def evaluate(
     current weights and its deterministic action (the mode of its distribution); in a goal
     env, also the share of them whose last step reached the goal (``SUCCESS_RATE_KEY``).
 
-    The Evaluator builds its own env and its own policy copy, so evaluation never touches
-    the learner's modules (the loop keeps the copy's initial weights off the learner's
-    random stream). A fresh one each time replays the same seeded episode starts, so that
-    scores compare across evaluations and across resumes."""
-    evaluator = Evaluator(
-        env_factory(
-            dataclasses.replace(config.env, num_envs=1),
-            config.seed + EVAL_SEED_OFFSET,
-            network=config.network,
-        ),
-        policy_factory=policy_factory,
-        num_trajectories=config.eval.episodes,
-        max_steps=None,  # the env's StepCounter and time limit end episodes
-        collector_kwargs={"traj_format": "cat"},
-        backend="thread",
-        metrics_fn=success_rate,
-    )
-    try:
-        metrics = evaluator.evaluate(policy)
-    finally:
-        evaluator.shutdown()
-    # The Evaluator names its metrics "eval/<name>", metrics_fn's among them.
-    scores = {EVAL_KEY: float(metrics["eval/reward"])}
-    if SUCCESS_RATE_KEY in metrics:
-        scores[SUCCESS_RATE_KEY] = float(metrics[SUCCESS_RATE_KEY])
+    A copy of the policy (from ``policy_factory``) plays, so evaluation never touches the
+    learner's modules. Every evaluation plays the same seeded episodes (:func:`play_episodes`),
+    so that scores compare across evaluations and across resumes."""
+    actor = policy_factory()
+    actor.load_state_dict(policy.state_dict())
+    episodes = play_episodes(config, actor, config.eval.episodes)
+    scores = {EVAL_KEY: episodes.returns.mean().item()}
+    if episodes.reached_goal is not None:
+        scores[SUCCESS_RATE_KEY] = episodes.reached_goal.double().mean().item()  # 9 of 10: 0.9
     return scores
 
 
-def success_rate(episodes: TensorDictBase) -> dict[str, float]:
-    """The share of ``episodes`` (whole ones, one after the other) whose last step reached
-    the goal, in a goal env (SUCCESS_KEY); nothing in others."""
-    if ("next", SUCCESS_KEY) not in episodes.keys(include_nested=True):
-        return {}
-    ends = episodes["next", "done"]
-    reached = episodes["next", SUCCESS_KEY][ends]
-    return {"success_rate": reached.double().mean().item()}  # 9 of 10 reads 0.9
+def play_episodes(
+    config: Config, policy: TensorDictModuleBase, episodes: int, seed: int | None = None
+) -> Episodes:
+    """The first ``episodes`` evaluation episodes (with ``seed``, those of an evaluation
+    seeded so), played by ``policy`` deterministically in a batch of envs, episode k in
+    env k (:func:`episode_env`), until each has ended once.
+
+    The policy acts on the whole batch at every step. Where it still explores
+    (``dqn.eval_eps``), it draws from torch's generator seeded with the env seed, so
+    episode k's draws depend only on k and on ``episodes``, not on the learner's state."""
+    seed = evaluation_seed(config) if seed is None else seed
+    starts = episode_starts(config, seed, episodes)
+    # One factory for all (with each env's own arguments): SerialEnv then builds one env,
+    # not each, to learn their specs.
+    env = SerialEnv(
+        episodes,
+        functools.partial(episode_env, config, seed),
+        create_env_kwargs=[{"index": k, "start": start} for k, start in enumerate(starts)],
+    )
+    playing = torch.ones(episodes, 1, dtype=torch.bool)
+    returns = torch.zeros(episodes)
+    reached_goal = torch.zeros(episodes, dtype=torch.bool)
+    goal_env = SUCCESS_KEY in env.observation_spec.keys()
+    try:
+        with (
+            torch.no_grad(),
+            set_exploration_type(ExplorationType.DETERMINISTIC),
+            torch.random.fork_rng(),
+        ):
+            torch.manual_seed(seed)
+            state = env.reset()
+            while playing.any():
+                # "_step": ended episodes' envs take no more steps (TorchRL's partial steps).
+                state = env.step(policy(state).set("_step", playing))
+                ends = (state["next", "done"] & playing).squeeze(-1)
+                returns[ends] = state["next", "episode_reward"][ends].squeeze(-1)
+                if goal_env:
+                    reached_goal[ends] = state["next", SUCCESS_KEY][ends].squeeze(-1)
+                playing &= ~state["next", "done"]
+                state = env.step_mdp(state)
+    finally:
+        close_keeping_threads(env)
+    return Episodes(returns, reached_goal if goal_env else None)
+
+
+def evaluation_seed(config: Config) -> int:
+    return config.seed + EVAL_SEED_OFFSET
+
+
+def episode_starts(config: Config, seed: int, episodes: int) -> list[dict[str, Any]]:
+    """The random state each of the first ``episodes`` evaluation episodes starts from.
+
+    Episode k is the k-th that one env seeded ``seed`` plays one after another, after a
+    first reset never played (a collector's, when built): the order of the evaluations
+    made before they were batched, whose scores then still compare. A reset draws an
+    episode's start from the env's generator and steps draw nothing from it, so replaying
+    the resets alone gives each episode's start."""
+    env = make_env(dataclasses.replace(config.env, num_envs=1), seed)
+    gym_env = gymnasium_env(env)
+    env.reset()
+    starts = []
+    for _ in range(episodes):
+        env.reset()
+        starts.append(gym_env.random_state_before_reset)
+    env.close()
+    return starts
+
+
+def episode_env(
+    config: Config,
+    seed: int,
+    index: int,
+    start: dict[str, Any],
+    render_mode: str | None = None,
+) -> EnvBase:
+    """An env whose next episode is evaluation episode ``index``, starting from ``start``
+    (:func:`episode_starts`). It is seeded ``seed + index``: an Atari emulator, which draws
+    its sticky actions from its own generator at every step, then plays each episode with
+    a generator of its own."""
+    env = make_env(
+        dataclasses.replace(config.env, num_envs=1),
+        seed + index,
+        render_mode=render_mode,
+        network=config.network,
+    )
+    gymnasium_env(env).unwrapped.np_random.bit_generator.state = start
+    return env
 
 
 def evaluation_env(
     config: Config, seed: int | None = None, render_mode: str | None = None
 ) -> EnvBase:
-    """An env whose next episodes are those :func:`evaluate` plays, in the same order (with
-    ``seed``, other ones), for replaying them without an Evaluator.
-
-    It is seeded as the evaluation's env and reset once: the Evaluator's collector resets
-    its env when it is built, then again before collecting, so the first reset's episode
-    is never played."""
-    env = make_env(
-        dataclasses.replace(config.env, num_envs=1),
-        config.seed + EVAL_SEED_OFFSET if seed is None else seed,
-        render_mode=render_mode,
-        network=config.network,
-    )
-    env.reset()
-    return env
+    """An env whose next episode is the evaluation's first (with ``seed``, that of an
+    evaluation seeded so), for replaying it without a batch, e.g. to film it."""
+    seed = evaluation_seed(config) if seed is None else seed
+    return episode_env(config, seed, 0, episode_starts(config, seed, 1)[0], render_mode)

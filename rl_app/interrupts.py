@@ -1,6 +1,7 @@
 """Stopping cleanly: a signal only sets a flag; the loop saves and stops at the next
 iteration boundary, never in the middle of an update. An evaluation in progress is dropped
-at once (:class:`Abandoned`): the loop saves first and owes the evaluation to the resume.
+at once (:class:`Abandoned`): the loop saves first and owes the evaluation to the resume,
+or runs it then if it fits before a known deadline (:meth:`StopRequest.allows`).
 
 SIGINT is Ctrl-C, SIGTERM a polite kill, SIGUSR2 what SLURM (through submitit) sends
 before a preemption or the time limit. A second Ctrl-C during a save waits for the save
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -24,9 +26,18 @@ class StopRequest:
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2)
 
-    def __init__(self, unsaved: Callable[[], str] = lambda: "the work since the last save") -> None:
+    def __init__(
+        self,
+        unsaved: Callable[[], str] = lambda: "the work since the last save",
+        usr2_grace_s: float | None = None,
+    ) -> None:
         self.reason: str | None = None
         self.unsaved = unsaved
+        # SIGUSR2 comes this long before the process is killed (a SLURM job's signal delay):
+        # its deadline, when it came.
+        self.usr2_grace_s = usr2_grace_s
+        self.deadline: float | None = None
+        self._allowing = False
         self._saving = False
         self._stop_after_save = False
         self._abandonable = False
@@ -59,11 +70,29 @@ class StopRequest:
         if self._stop_after_save:
             raise KeyboardInterrupt
 
+    def allows(self, seconds: float | None) -> bool:
+        """Whether work of ``seconds`` fits before the deadline of the stop requested (one
+        by SIGUSR2 with a known grace), other than work already allowed so."""
+        if self.deadline is None or seconds is None or self._allowing:
+            return False
+        return time.monotonic() + seconds < self.deadline
+
+    @contextmanager
+    def allowing(self) -> Iterator[None]:
+        """Abandonable work that :meth:`allows` let run despite the stop requested: a new
+        signal still abandons it."""
+        self._allowing = True
+        try:
+            yield
+        finally:
+            self._allowing = False
+
     @contextmanager
     def abandonable(self) -> Iterator[None]:
         """Work that a stop drops at once (raising :class:`Abandoned`), since it can be
-        redone after a resume; also if the stop was asked for before it began."""
-        if self.requested:
+        redone after a resume; also if the stop was asked for before it began (unless
+        :meth:`allowing` it)."""
+        if self.requested and not self._allowing:
             raise Abandoned
         self._abandonable = True
         try:
@@ -84,6 +113,8 @@ class StopRequest:
                 f"{signal.Signals(signum).name}: saving a checkpoint, then stopping "
                 "(Ctrl-C again stops at once)"
             )
+        if signum == signal.SIGUSR2 and self.usr2_grace_s is not None and self.deadline is None:
+            self.deadline = time.monotonic() + self.usr2_grace_s
         self.reason = signal.Signals(signum).name
         if self._abandonable:
             self._abandonable = False  # raised once, however many signals follow

@@ -93,6 +93,10 @@ class TrainResult:
     seconds_per_phase: dict[str, float]
 
 
+# An evaluation runs after a stop only if this many times the latest one fits before the
+# deadline: its episodes may last longer than the latest evaluation's.
+EVAL_TIME_ROOM = 1.5
+
 # The phases of an iteration, in order: wall time is kept per phase (a run's result holds
 # it: ``TrainResult.seconds_per_phase``), and an error message names the phase it happened in.
 PHASES = (
@@ -108,6 +112,7 @@ class PhaseTimer:
 
     def __init__(self) -> None:
         self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.last: dict[str, float] = {}  # the latest time of each phase that completed
         self.current = "starting"
 
     @contextmanager
@@ -118,6 +123,7 @@ class PhaseTimer:
         started = time.perf_counter()
         try:
             yield
+            self.last[phase] = time.perf_counter() - started
         finally:
             self.seconds[phase] += time.perf_counter() - started
 
@@ -145,13 +151,16 @@ class Run:
             self.checkpoints.journal.close()
 
 
-def run_iterations(run: Run, on_eval: EvalHook | None = None) -> TrainResult:
-    """The training loop itself, one iteration per collected batch."""
+def run_iterations(
+    run: Run, on_eval: EvalHook | None = None, usr2_grace_s: float | None = None
+) -> TrainResult:
+    """The training loop itself, one iteration per collected batch. ``usr2_grace_s``: how
+    long a SIGUSR2 comes before the process is killed (a SLURM job's signal delay)."""
     config, progress, algorithm, buffer, phases = (
         run.config, run.progress, run.algorithm, run.buffer, run.phases,
     )  # fmt: skip
     updates = updates_per_iteration(config)
-    stop = StopRequest(functools.partial(unsaved_work, run))
+    stop = StopRequest(functools.partial(unsaved_work, run), usr2_grace_s)
     with stop.installed():
         if progress.owed_eval is not None and pay_owed_evaluation(run, stop, on_eval):
             return summarize(run, stopped_by(run, stop))
@@ -223,6 +232,11 @@ def end_iteration(
     if stop.requested or EVAL_KEY in metrics or run.checkpoints.seconds_since_save() >= interval_s:
         with phases("saving a checkpoint"), stop.saving():
             save_checkpoint(run, metrics.get(EVAL_KEY))
+    if progress.owed_eval is not None and stop.allows(owed_evaluation_seconds(phases)):
+        log.info("the evaluation owed at %d frames fits before the deadline: it runs now",
+                 progress.frames)  # fmt: skip
+        with stop.allowing():
+            pay_owed_evaluation(run, stop, on_eval)
     if EVAL_KEY in metrics and on_eval is not None:
         if reason := on_eval(progress.frames, metrics[EVAL_KEY]):
             stop.request(reason)
@@ -251,6 +265,14 @@ def evaluate_iteration(run: Run, metrics: dict[str, float], stop: StopRequest) -
                 )
     metrics.update(scores)
     progress.record_eval(scores[EVAL_KEY])
+
+
+def owed_evaluation_seconds(phases: PhaseTimer) -> float | None:
+    """How long paying an owed evaluation is expected to take: the latest evaluation and
+    save, with room for episodes longer than that evaluation's; None before any."""
+    if "evaluating" not in phases.last:
+        return None
+    return EVAL_TIME_ROOM * phases.last["evaluating"] + phases.last.get("saving a checkpoint", 0)
 
 
 def pay_owed_evaluation(run: Run, stop: StopRequest, on_eval: EvalHook | None) -> bool:

@@ -18,11 +18,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModule
 from torchrl.checkpoint import Checkpoint, CheckpointError
-from torchrl.envs import EnvBase
 from torchrl.render import RenderConfig, collect_render_rollouts
 
 from rl_app.algorithms import make_policy
@@ -37,7 +34,7 @@ from rl_app.checkpointing import (
 from rl_app.checks import read_run_config
 from rl_app.config import Config, ConfigError
 from rl_app.envs import make_env
-from rl_app.evaluation import evaluation_env
+from rl_app.evaluation import evaluation_env, play_episodes
 from rl_app.rendering import RENDER_MODE, render_problem
 from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE
 from rl_app.video import episode_horizon, render_fps, write_play_video
@@ -132,18 +129,25 @@ def play(
         check_video_target(video, config.env.name)
     path = resolve_checkpoint(run_dir, checkpoint)
     policy = load_policy(run_dir, str(path))
-    env = evaluation_env(config, seed, render_mode=RENDER_MODE if video is not None else None)
-    render = render_config(config, path, video)
+    returns = play_episodes(config, policy, episodes, seed).returns
+    written, note = None, None
+    if video is not None:
+        written, note = film_first_episode(config, policy, path, seed, video)
+    return PlayResult(path, returns.tolist(), returns.mean().item(), written, note)
+
+
+def film_first_episode(
+    config: Config, policy: TensorDictModule, checkpoint: Path, seed: int | None, video: Path
+) -> tuple[Path, str | None]:
+    """Film the first of the episodes played; a policy that explores (``dqn.eval_eps``)
+    draws its exploration apart from the batch's, so its filmed episode may differ."""
+    env = evaluation_env(config, seed, render_mode=RENDER_MODE)
+    render = render_config(config, checkpoint, video)
     try:
-        # The first episode is filmed (if asked); the others follow it from the same env.
         filmed = collect_render_rollouts(env, policy, render)
-        rest = unfilmed(env, policy, render, episodes - 1)
     finally:
         env.close()
-    # The return as the Evaluator reads it: the episode's running sum, averaged in float32.
-    returns = [float(t["next", "episode_reward"][-1]) for t in [*filmed.trajectories, *rest]]
-    written, note = write_play_video(filmed, render) if video is not None else (None, None)
-    return PlayResult(path, returns, torch.tensor(returns).mean().item(), written, note)
+    return write_play_video(filmed, render)
 
 
 def check_video_target(video: Path, env_name: str) -> None:
@@ -156,8 +160,8 @@ def check_video_target(video: Path, env_name: str) -> None:
         raise PlayError(f"--video cannot work here: {problem}")
 
 
-def render_config(config: Config, checkpoint: Path, video: Path | None) -> RenderConfig:
-    """What ``torchrl.render`` needs to play (and, with ``video``, film) one episode."""
+def render_config(config: Config, checkpoint: Path, video: Path) -> RenderConfig:
+    """What ``torchrl.render`` needs to film one episode into ``video``."""
     return RenderConfig(
         ckpt=checkpoint,
         policy=load_policy,
@@ -165,21 +169,12 @@ def render_config(config: Config, checkpoint: Path, video: Path | None) -> Rende
         max_steps=episode_horizon(config.env.name),
         seed=None,  # the env is seeded once, as the evaluation's is
         fps=render_fps(config.env.name),
-        render_backend="env" if video is not None else "null",
-        format="gif" if video is not None and video.suffix == ".gif" else "mp4",
+        render_backend="env",
+        format="gif" if video.suffix == ".gif" else "mp4",
         out=video,
-        artifact_dir=video.parent if video is not None else None,
+        artifact_dir=video.parent,
         overwrite=True,
     )
-
-
-def unfilmed(
-    env: EnvBase, policy: TensorDictModule, render: RenderConfig, episodes: int
-) -> list[TensorDictBase]:
-    if episodes < 1:
-        return []
-    unrendered = dataclasses.replace(render, render_backend="null", num_trajs=episodes)
-    return collect_render_rollouts(env, policy, unrendered).trajectories
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -154,24 +154,32 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     )  # fmt: skip
 
 
-def train(config: Config, lock_wait_s: float = 0.0, on_eval: EvalHook | None = None) -> TrainResult:
+def train(
+    config: Config,
+    lock_wait_s: float = 0.0,
+    on_eval: EvalHook | None = None,
+    usr2_grace_s: float | None = None,
+) -> TrainResult:
     """Train the run ``config`` describes, resuming it if its directory holds a checkpoint.
 
     The run directory is locked for the whole run, before anything in it is touched
     (:mod:`rl_app.runlock`); :class:`~rl_app.runlock.RunDirBusy` if another process holds
     it for longer than ``lock_wait_s``. ``on_eval`` may stop the run after an evaluation
-    (:data:`EvalHook`)."""
+    (:data:`EvalHook`). ``usr2_grace_s``: the time SIGUSR2 leaves before a kill, where
+    known (a SLURM job's), within which a stop still runs the evaluation it owes."""
     run_dir = Path(config.run_dir)
     estimate = check_fit(config)  # refuses, before anything exists, what cannot fit here
     try:
         with run_dir_lock(run_dir, lock_wait_s):
             log.info("%s", estimate)
-            return train_locked(config, run_dir, on_eval)
+            return train_locked(config, run_dir, on_eval, usr2_grace_s)
     except RunDirUnwritable as error:
         raise RunFailed(f"run_dir {run_dir} is not writable: {error}") from None
 
 
-def train_locked(config: Config, run_dir: Path, on_eval: EvalHook | None) -> TrainResult:
+def train_locked(
+    config: Config, run_dir: Path, on_eval: EvalHook | None, usr2_grace_s: float | None
+) -> TrainResult:
     resume_from = find_resume_point(run_dir) if holds_checkpoint(run_dir) else None
     run = build_run(config, resuming=resume_from is not None)
     try:
@@ -190,7 +198,7 @@ def train_locked(config: Config, run_dir: Path, on_eval: EvalHook | None) -> Tra
             if done and run.progress.owed_eval is None:  # (an owed evaluation runs first)
                 log.info("the run already has its %d frames", config.collector.total_frames)
                 return summarize(run, stopped_by=None)
-        return run_iterations(run, on_eval)
+        return run_iterations(run, on_eval, usr2_grace_s)
     except RunFailed:
         raise
     except Exception as error:

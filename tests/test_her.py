@@ -16,9 +16,9 @@ from tensordict import TensorDict
 from rl_app.algorithms import make_algorithm
 from rl_app.checks import load_config
 from rl_app.config import ConfigError, EnvConfig, ReplayConfig
-from rl_app.envs import SUCCESS_KEY, make_env
+from rl_app.envs import make_env
 from rl_app.envs.goals import BIT_FLIP_IDS, BitFlippingEnv
-from rl_app.evaluation import evaluate, success_rate
+from rl_app.evaluation import evaluate
 from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
 from rl_app.replay import (
     NEXT_ACHIEVED_GOAL,
@@ -145,14 +145,6 @@ def test_the_q_network_reads_the_desired_goal_and_the_buffer_keeps_what_relabels
     assert not torch.equal(algorithm.policy(step)["action_value"], values)
     off = load_config("dqn_bitflip", ["replay.her_ratio=0", "run_dir=runs/unused"])
     assert NEXT_ACHIEVED_GOAL not in make_algorithm(off, env, torch.device("cpu")).replay_keys()
-
-
-def test_success_rate_is_the_share_of_episodes_ending_at_their_goal() -> None:
-    ends = torch.tensor([0, 1, 0, 0, 1, 1], dtype=torch.bool).unsqueeze(-1)
-    success = torch.tensor([0, 1, 1, 0, 0, 1], dtype=torch.bool).unsqueeze(-1)
-    episodes = TensorDict({"next": {"done": ends, SUCCESS_KEY: success}}, [6])
-    assert success_rate(episodes) == {"success_rate": pytest.approx(2 / 3)}
-    assert success_rate(episodes.exclude(("next", SUCCESS_KEY))) == {}
 
 
 def test_evaluation_reports_the_success_rate_of_a_goal_env_only(tiny_config) -> None:

@@ -11,7 +11,7 @@ import pytest
 from rl_app.checks import load_config
 from rl_app.compare import groups_table, plot_comparison, read_run, summarize_group
 from rl_app.config import to_yaml
-from tools.results import ENTRIES, entry_settings, parse_args, store_summaries
+from tools.results import ENTRIES, entry_settings, main, parse_args, store_summaries
 
 
 def fake_run(run_dir: Path, evals: list[float], wall_seconds: float) -> Path:
@@ -81,3 +81,21 @@ def test_any_preset_is_an_entry_with_no_overrides(
     store = tmp_path / "results.json"
     store_summaries(store, {preset: summary(preset)})
     assert list(store_summaries(store, {"default": summary("default")})) == ["default", preset]
+
+
+def test_a_random_policy_is_scored_on_each_seeds_evaluation_episodes(tmp_path: Path) -> None:
+    store = tmp_path / "random_policy.json"
+    store.write_text(json.dumps({"default": {"seeds": [1], "eval_returns": [-1200.0]}}))
+    args = ["--random-policy", "--entries", "dqn_cartpole", "--random-store", str(store)]
+    assert main([*args, "--seeds", "1", "2"]) == 0
+    both = json.loads(store.read_text())
+    assert main([*args, "--seeds", "1"]) == 0
+    again = json.loads(store.read_text())
+
+    assert again["default"]["eval_returns"] == [-1200.0]  # another entry's is kept
+    assert both["dqn_cartpole"]["seeds"] == [1, 2] and again["dqn_cartpole"]["seeds"] == [1]
+    # Seed 1's episodes and draws, the same again; seed 2's starts are others.
+    seed_1, seed_2 = both["dqn_cartpole"]["eval_returns"]
+    assert again["dqn_cartpole"]["eval_returns"] == [seed_1] and seed_2 != seed_1
+    # CartPole's random episodes last about 20 steps: nowhere near its 500.
+    assert 9 < seed_1 < 50

@@ -15,6 +15,7 @@ import torch
 from rl_app.checkpointing import checkpoint_candidates, recorded_best
 from rl_app.interrupts import Abandoned, StopRequest
 from rl_app.logger import EVAL_KEY, read_metrics
+from rl_app.run import train
 from tests.helpers import (
     PYTHON,
     TINY_RUN,
@@ -26,7 +27,13 @@ from tests.helpers import (
     train_in_process,
     wait_for,
 )
-from tests.slow_eval_envs import SLOW_EVAL, SLOW_STEP_S, STEP_SECONDS_VARIABLE
+from tests.slow_eval_envs import (
+    SLOW_EVAL,
+    SLOW_STEP_S,
+    STEP_SECONDS_VARIABLE,
+    USR2_AT_STEP_VARIABLE,
+    SlowEvalPendulum,
+)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
@@ -62,6 +69,31 @@ def test_a_stop_during_a_slow_evaluation_saves_at_once_and_the_resume_owes_nothi
     resumed = resume_in_process(tiny_config(*SLOW_EVAL, run_dir=run_dir))
     assert_same_run(alone, resumed)  # the owed evaluation's row included
     assert [row["frames"] for row in resumed[2] if EVAL_KEY in row] == [400, 800, 1200]
+
+
+@pytest.mark.parametrize("grace_s", [60.0, 0.0], ids=["fits", "does_not_fit"])
+def test_a_usr2_stop_runs_the_evaluation_it_owes_if_it_fits_the_grace_time(
+    grace_s: float, tiny_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # USR2 comes in the second evaluation (2 episodes of 200 steps each), at 400 frames.
+    monkeypatch.setenv(USR2_AT_STEP_VARIABLE, "410")
+    monkeypatch.setattr(SlowEvalPendulum, "evaluation_steps", 0)
+    run_dir = tmp_path / "run"
+    result = train(
+        tiny_config(*SLOW_EVAL, "eval.interval_frames=200", run_dir=run_dir), 0.0, None, grace_s
+    )
+    assert result.stopped_by == "SIGUSR2" and result.frames == 400
+
+    (checkpoint, *_) = checkpoint_candidates(run_dir / "checkpoints")
+    progress = saved_progress(checkpoint)
+    assert checkpoint.name == "checkpoint-000000000400"
+    rows = read_metrics(run_dir)
+    if grace_s:  # the first evaluation's time, and a save, fit 60 s: it ran after the save
+        assert progress.owed_eval is None and progress.evaluations == 2
+        assert [row["frames"] for row in rows if EVAL_KEY in row] == [200, 400]
+    else:  # owed to the resume, with its iteration's row
+        assert progress.owed_eval is not None and progress.evaluations == 1
+        assert [row["frames"] for row in rows] == [200]
 
 
 def test_a_second_ctrl_c_during_a_save_waits_for_it_and_stops_at_once_otherwise(

@@ -18,6 +18,7 @@ import gymnasium as gym
 import optuna
 import pytest
 import torch
+import torchrl
 from gymnasium.wrappers import TimeLimit
 from tensordict import TensorDict
 from tensordict import utils as tensordict_utils
@@ -35,6 +36,7 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
 )
+from torchrl.envs import SerialEnv
 from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.weight_update import MultiProcessWeightSyncScheme
@@ -61,6 +63,7 @@ from rl_app.upstream.torchrl import (
     TREE_VALUE_BYTES,
     GuardedWeightSyncScheme,
     VectorizedSliceSampler,
+    close_keeping_threads,
     gymnasium_env,
     lay_out_storage,
     load_sampler_state,
@@ -170,6 +173,28 @@ def test_async_collector_names_a_dead_worker_or_fails_to_close_another() -> None
                 pass
     finally:
         collector.shutdown()
+
+
+def serial_pendulums() -> SerialEnv:
+    return SerialEnv(3, functools.partial(make_env, EnvConfig(name="Pendulum-v1"), 0))
+
+
+def test_closing_a_serial_env_still_raises_the_thread_count() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        env = serial_pendulums()
+        env.reset()
+        env.close()
+        # TorchRL's close: min(the count when torchrl was imported, now + 3 workers).
+        assert torch.get_num_threads() == min(torchrl._THREAD_POOL_INIT, 4)
+        torch.set_num_threads(1)
+        env = serial_pendulums()
+        env.reset()
+        close_keeping_threads(env)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_an_unrolled_lstm_still_writes_zeros_before_the_last_step() -> None:

@@ -19,8 +19,11 @@ import argparse
 import dataclasses
 import json
 import logging
+import statistics
 import sys
 from pathlib import Path
+
+from torchrl.envs.utils import RandomPolicy
 
 from rl_app.checks import load_config
 from rl_app.compare import (
@@ -30,7 +33,9 @@ from rl_app.compare import (
     read_run,
     summarize_group,
 )
-from rl_app.config import available_presets
+from rl_app.config import Config, available_presets
+from rl_app.envs import make_env
+from rl_app.evaluation import play_episodes
 from rl_app.run import train
 
 # name -> (preset, overrides)
@@ -57,7 +62,13 @@ ENTRIES = {
     ),
     "sac_pointreach": ("sac_pointreach", []),
     "sac_pointreach_her_off": ("sac_pointreach", ["replay.her_ratio=0"]),
+    # DrQ(epsilon) on three games of the Atari 100k benchmark (the preset plays Pong).
+    "dqn_atari100k_breakout": ("dqn_atari100k", ["env.name=BreakoutNoFrameskip-v4"]),
+    "dqn_atari100k_boxing": ("dqn_atari100k", ["env.name=BoxingNoFrameskip-v4"]),
+    "dqn_atari100k_freeway": ("dqn_atari100k", ["env.name=FreewayNoFrameskip-v4"]),
 }
+# Entries measured by default: the Atari ones take hours per seed on a CPU.
+DEFAULT_ENTRIES = [name for name in ENTRIES if not name.startswith("dqn_atari100k")]
 SEEDS = (1, 2, 3, 4, 5)
 
 
@@ -102,11 +113,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--entries",
         nargs="+",
-        default=list(ENTRIES),
+        default=DEFAULT_ENTRIES,
         choices=entry_names(),
         metavar="ENTRY",
-        help=f"entries or presets, of: {', '.join(entry_names())} (default: {', '.join(ENTRIES)})",
+        help=f"entries or presets, of: {', '.join(entry_names())} "
+        f"(default: {', '.join(DEFAULT_ENTRIES)})",
     )
+    parser.add_argument(
+        "--random-policy",
+        action="store_true",
+        help="instead of training, score a random policy on each entry's evaluation "
+        "episodes (per seed) and store it in --random-store",
+    )
+    parser.add_argument("--random-store", type=Path, default=Path("docs/random_policy.json"))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
     parser.add_argument("--root", type=Path, default=Path("runs/results"))
     parser.add_argument("--figure", type=Path, default=Path("docs/results.png"))
@@ -114,9 +133,40 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def random_policy_return(config: Config) -> float:
+    """The mean return of a uniformly random policy over ``config``'s evaluation episodes:
+    the seeded starts its evaluations play (its actions drawn from the evaluation's own
+    seeded generator)."""
+    env = make_env(dataclasses.replace(config.env, num_envs=1), config.seed)
+    actions = env.full_action_spec
+    env.close()
+    policy = RandomPolicy(actions.expand(config.eval.episodes, *actions.shape))
+    return play_episodes(config, policy, config.eval.episodes).returns.mean().item()
+
+
+def store_random_policy(args: argparse.Namespace) -> int:
+    """``--random-policy``: each entry's random-policy score per seed, kept per entry in
+    ``--random-store`` beside those of other entries."""
+    store = json.loads(args.random_store.read_text()) if args.random_store.is_file() else {}
+    for name in args.entries:
+        preset, overrides = entry_settings(name)
+        returns = [
+            random_policy_return(load_config(preset, [*overrides, f"seed={seed}"]))
+            for seed in args.seeds
+        ]
+        store[name] = {"seeds": args.seeds, "eval_returns": returns}
+        per_seed = ", ".join(f"{value:.1f}" for value in returns)
+        print(f"{name}: a random policy scores {statistics.mean(returns):.1f} ({per_seed})")
+    args.random_store.parent.mkdir(parents=True, exist_ok=True)
+    args.random_store.write_text(json.dumps(store, indent=2))
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if args.random_policy:
+        return store_random_policy(args)
 
     measured = {}
     for name in args.entries:

@@ -66,12 +66,10 @@ class Algorithm(abc.ABC):
         observation_dim: int | None,
         goal_dim: int | None,
         action_spec: TensorSpec,
-        env: EnvBase | None = None,
     ) -> TensorDictModuleBase:
         """The acting policy with fresh weights, from the config, the observation's size
         (None: stacked frames), the desired goal's size (None: no goal) and the action
-        spec: all that playing a run needs. ``env`` is accepted and unused because
-        TorchRL's Evaluator calls policy factories with the evaluation env."""
+        spec: all that playing a run needs."""
 
     @classmethod
     def check(cls, config: Config) -> None:
@@ -103,7 +101,7 @@ class Algorithm(abc.ABC):
 
     @abc.abstractmethod
     def policy_factory(self) -> Callable[..., TensorDictModuleBase]:
-        """A picklable factory for a fresh copy of ``policy``, for the Evaluator and for
+        """A picklable factory for a fresh copy of ``policy``, for evaluation and for
         collector worker processes. Weights are loaded into the copy separately."""
 
     @abc.abstractmethod

@@ -195,7 +195,6 @@ class DQN(Algorithm):
         observation_dim: int | None,
         goal_dim: int | None,
         action_spec: TensorSpec,
-        env: EnvBase | None = None,
     ) -> TensorDictSequential:
         """Q-network -> greedy action, then epsilon-greedy exploration, its epsilon annealed
         linearly over ``dqn.eps_annealing_frames`` by :meth:`EGreedyModule.step`.

@@ -116,7 +116,6 @@ class SAC(Algorithm):
         observation_dim: int | None,
         goal_dim: int | None,
         action_spec: TensorSpec,
-        env: EnvBase | None = None,
     ) -> ProbabilisticActor:
         """The actor (:func:`make_actor`)."""
         return make_actor(config.network, observation_dim, goal_dim, action_spec)

@@ -142,7 +142,6 @@ class TD3(Algorithm):
         observation_dim: int | None,
         goal_dim: int | None,
         action_spec: TensorSpec,
-        env: EnvBase | None = None,
     ) -> TensorDictSequential:
         """The exploring actor (:func:`make_exploring_actor`)."""
         return make_exploring_actor(

@@ -255,5 +255,5 @@ def env_factory(
     device: str | torch.device = "cpu",
     network: NetworkConfig | None = None,
 ) -> Callable[[], EnvBase]:
-    """A picklable zero-argument factory, as collectors and the Evaluator expect."""
+    """A picklable zero-argument factory, as collectors expect."""
     return functools.partial(make_env, env, seed, device, network=network)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import submitit
 
 from rl_app.config import Config
-from rl_app.launch.cluster import JOB_DIR
+from rl_app.launch.cluster import JOB_DIR, job_settings
 from rl_app.rundir import CHECKPOINTS_DIR
 
 if TYPE_CHECKING:  # torch and TorchRL: imported in the job only
@@ -174,7 +174,8 @@ def train_attempt(config: Config, on_eval: EvalHook | None = None) -> TrainResul
         threads=threads,
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
     )
-    return train(config, lock_wait_s=REQUEUE_LOCK_WAIT_S, on_eval=on_eval)
+    grace_s = job_settings(config.slurm).signal_delay_s  # USR2 comes this long before the kill
+    return train(config, lock_wait_s=REQUEUE_LOCK_WAIT_S, on_eval=on_eval, usr2_grace_s=grace_s)
 
 
 def end_attempt(

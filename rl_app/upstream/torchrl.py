@@ -19,6 +19,7 @@ from torchrl.collectors.distributed import generic as torchrl_distributed
 from torchrl.data import HERReplayBuffer, PrioritizedSliceSampler, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.envs import EnvBase
+from torchrl.envs.batched_envs import BatchedEnvBase
 from torchrl.modules import LSTMModule
 from torchrl.objectives import SACLoss
 from torchrl.weight_update import MultiProcessWeightSyncScheme
@@ -219,6 +220,22 @@ def unrolling_view(network: TensorDictSequential) -> TensorDictSequential:
             )
         modules.append(module)
     return TensorDictSequential(*modules)
+
+
+# -- 5. a batch of envs that changes the thread count when it closes ----------------------
+
+
+def close_keeping_threads(env: BatchedEnvBase) -> None:
+    """Close ``env`` (a ``SerialEnv`` or ``ParallelEnv``) and leave torch's thread count as
+    it was. TorchRL's ``close`` sets it to ``min(the count at import, now + workers)``, even
+    for a ``SerialEnv``, which never lowered it: after one evaluation a run with
+    ``threads=1`` would compute its updates on more threads, and float rounding would
+    change what it learns. Test: ``test_closing_a_serial_env_still_raises_the_thread_count``."""
+    threads = torch.get_num_threads()
+    try:
+        env.close()
+    finally:
+        torch.set_num_threads(threads)
 
 
 # -- 6. a buffer SACLoss creates on first use ---------------------------------------------
