@@ -167,7 +167,7 @@ NATURE_PRESET = "dqn_atari100k"
 NATURE_GOAL_MS = 25.0
 NATURE_PLAY_FRAMES = 320  # random Pong play the batch is sampled from
 NATURE_ROUNDS, NATURE_UPDATES_PER_ROUND = 7, 5
-NATURE_BEFORE = "before: a gather per pixel, double DQN's online pick"
+NATURE_BEFORE = "before: per-pixel gather, online-net pick"
 NATURE_DEFAULT = "+ channels-last: rl_app defaults"
 STACKS = (PIXELS_KEY, ("next", PIXELS_KEY))
 
@@ -320,9 +320,10 @@ def print_nature_update(nature: dict[str, Any]) -> None:
         first = max(nature[name][key]["first_update_seconds"] for key in shifts)
         compile_time = f"  first update {first:.0f} s" if first > 1 else ""
         print(f"  {name:<48} " + "  ".join(cells) + compile_time)
-    shifted = nature[NATURE_DEFAULT][shifts[-1]]["ms_per_update"]
-    verdict = "met" if shifted <= nature["goal_ms"] else "missed"
+    shifted = nature[NATURE_DEFAULT][shifts[-1]]
+    wall, cpu = shifted["ms_per_update"], shifted["cpu_ms_per_update"]
+    verdict = "met" if wall <= nature["goal_ms"] else "missed"
     print(
         f"  goal: the default update with shifts <= {nature['goal_ms']:.0f} ms: "
-        f"{shifted:.1f} ms, {verdict}"
+        f"{wall:.1f} ms ({cpu:.1f} ms of CPU time), {verdict}"
     )
