@@ -29,6 +29,7 @@ from rl_app.replay.frames import (
     stack_frames,
 )
 from tests.helpers import TINY_RUN, random_play_batches, run_train
+from tools.bench.update import as_before, gather_shift
 
 GAME = "BreakoutNoFrameskip-v4"
 # Random Breakout games last about 150-250 steps: capped at 160, some end (terminated) and
@@ -220,6 +221,55 @@ def test_random_shift_replicates_the_edges() -> None:
     shifted = {tuple(random_shift(image, 1).flatten().tolist()) for _ in range(200)}
     assert len(shifted) == 9  # every shift of -1, 0, 1 in each direction
     assert (0, 0, 1, 2, 0, 0, 1, 2, 4, 4, 5, 6, 8, 8, 9, 10) in shifted  # down-right by one
+
+
+@pytest.mark.parametrize(
+    ("shape", "pad"),
+    [((8, 4, 4, 84, 84), 4), ((1, 1, 4, 4), 1), ((5, 2, 7, 9), 3), ((2, 3, 1, 6, 6), 6)],
+)
+def test_random_shift_gives_the_pixels_of_the_per_pixel_gather(
+    shape: tuple[int, ...], pad: int
+) -> None:
+    # gather_shift is the shift as it was (a gather per pixel): the same shifts drawn must
+    # give the same pixels, for every batch shape and pad.
+    pixels = torch.randint(0, 256, shape, dtype=torch.uint8)
+    with torch.random.fork_rng():
+        torch.manual_seed(7)
+        expected = gather_shift(pixels, pad)
+        torch.manual_seed(7)
+        assert torch.equal(random_shift(pixels, pad), expected)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_nature_cnn_update_takes_the_steps_it_took_before(
+    play: list[TensorDict], tiny_config, channels_last: bool
+) -> None:
+    # The Atari-100k update (random shifts, n-step targets, a target copy after every
+    # update) against the update as it was: the gather shift and double DQN's pick of the
+    # next action by the online network, contiguous convolutions. The pick is the target's
+    # own (target and online network are equal at each update): the same steps to the bit;
+    # channels-last convolutions sum in another order: the same up to float rounding.
+    settings = ["env.name=BreakoutNoFrameskip-v4", f"replay.slice_len={SLICE_LEN}"]
+    config = tiny_config(*settings, f"dqn.channels_last={channels_last}", preset="dqn_atari100k")
+    before_config = tiny_config(*settings, "dqn.channels_last=false", preset="dqn_atari100k")
+    env = make_env(config.env, config.seed)
+    torch.manual_seed(0)
+    algorithm = make_algorithm(config, env, torch.device("cpu"))
+    torch.manual_seed(0)
+    before = make_algorithm(before_config, env, torch.device("cpu"))
+    before_update = as_before(before, config.dqn.random_shift)
+    steps = torch.cat(play)[: 3 * 8 * SLICE_LEN].select(*algorithm.loss.in_keys)
+    exact = {"rtol": 0, "atol": 0} if not channels_last else {"rtol": 1e-4, "atol": 1e-6}
+    for batch in steps.reshape(3, 8, SLICE_LEN):
+        with torch.random.fork_rng():
+            metrics = algorithm.update(batch.clone())
+        expected = before_update(batch.clone())
+        torch.testing.assert_close(metrics["loss"], expected["loss"], **exact)
+        for (name, parameter), reference in zip(
+            algorithm.loss.named_parameters(), before.loss.parameters(), strict=True
+        ):
+            torch.testing.assert_close(parameter.grad, reference.grad, **exact, msg=name)
+            torch.testing.assert_close(parameter, reference, **exact, msg=name)
 
 
 @pytest.mark.parametrize(

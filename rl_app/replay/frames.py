@@ -125,15 +125,20 @@ def random_shift(pixels: torch.Tensor, pad: int) -> torch.Tensor:
     each direction, independently for each image of the batch (its channels together):
     padded by ``pad`` with its edge pixels repeated, then cropped back to its size at a
     random offset. DrQ's augmentation (Yarats et al., 2021; Dopamine's ``DrQ_eps``)."""
-    batch_shape, (height, width) = pixels.shape[:-3], pixels.shape[-2:]
-    images = pixels.reshape(-1, *pixels.shape[-3:])
-    shifts = torch.randint(-pad, pad + 1, (len(images), 2), device=pixels.device)
-    rows = (torch.arange(height, device=pixels.device) + shifts[:, :1]).clamp(0, height - 1)
-    columns = (torch.arange(width, device=pixels.device) + shifts[:, 1:]).clamp(0, width - 1)
-    shifted = images[
-        torch.arange(len(images), device=pixels.device)[:, None, None, None],
-        torch.arange(images.shape[1], device=pixels.device)[None, :, None, None],
-        rows[:, None, :, None],
-        columns[:, None, None, :],
-    ]
-    return shifted.reshape(*batch_shape, *shifted.shape[1:])
+    batch_shape, (channels, height, width) = pixels.shape[:-3], pixels.shape[-3:]
+    images = pixels.reshape(-1, channels, height, width)
+    offsets = pad + torch.randint(-pad, pad + 1, (len(images), 2), device=pixels.device)
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad), mode="replicate")
+    padded_height, padded_width = height + 2 * pad, width + 2 * pad
+    # Each output row is a span of ``width`` bytes of the padded images: one row copy each
+    # (index_select) instead of a gather per pixel.
+    image_rows = torch.arange(len(images) * channels, device=pixels.device) * padded_height
+    rows = (
+        image_rows.reshape(-1, channels, 1)
+        + offsets[:, :1, None]
+        + torch.arange(height, device=pixels.device)
+    )
+    starts = rows * padded_width + offsets[:, 1:, None]
+    spans = padded.reshape(-1).unfold(0, width, 1)  # every span of width pixels, a view
+    shifted = spans.index_select(0, starts.reshape(-1))
+    return shifted.reshape(*batch_shape, channels, height, width)

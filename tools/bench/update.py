@@ -1,5 +1,6 @@
 """One SAC update step of the default preset in each speed variant, against its FLOP bound,
-and in fresh processes with glibc's allocator and with jemalloc."""
+and in fresh processes with glibc's allocator and with jemalloc; one Nature-CNN DQN update
+of the Atari-100k preset in each speed variant, with and without random shifts."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from typing import Any
 
 import torch
 
-from rl_app.algorithms import make_algorithm
+from rl_app.algorithms import Algorithm, make_algorithm
 from rl_app.checks import load_config
-from rl_app.envs import make_env
-from rl_app.replay import TRAJECTORY_KEY, make_replay_buffer
+from rl_app.envs import FRAME_KEY, PIXELS_KEY, make_env
+from rl_app.replay import TRAJECTORY_KEY, allocate_storage, make_replay_buffer, stored_transition
 from rl_app.upstream.torch import MatmulFlops
-from tools.bench.shared import random_play
+from tools.bench.shared import random_play, random_play_batches
 
 EAGER = "vmap-free Q-nets + fused Adam, eager"  # the variant whose FLOPs are counted
 INDUCTOR_SPLIT = "compiled loss, inductor's split"
@@ -107,6 +108,7 @@ def bench_update(base: list[str], matmul_rate: float) -> dict[str, Any]:
             "first_update_seconds": first_seconds[name],
         }
     report["allocator"] = bench_allocator(base)
+    report["nature_cnn"] = bench_nature_update([])
     return report
 
 
@@ -156,3 +158,172 @@ def print_update(update: dict[str, Any]) -> None:
               f"({allocator['jemalloc_to_glibc']:.2f}x)")  # fmt: skip
     else:
         print(f"  allocator: {allocator['jemalloc']}")
+    print_nature_update(update["nature_cnn"])
+
+
+# The Nature-CNN update of the Atari-100k preset (batch 30: 3 slices of 10, n-step targets
+# along the slices, Huber loss, Adam, a target copy after every update).
+NATURE_PRESET = "dqn_atari100k"
+NATURE_GOAL_MS = 25.0
+NATURE_PLAY_FRAMES = 320  # random Pong play the batch is sampled from
+NATURE_ROUNDS, NATURE_UPDATES_PER_ROUND = 7, 5
+NATURE_BEFORE = "before: per-pixel gather, online-net pick"
+NATURE_DEFAULT = "+ channels-last: rl_app defaults"
+STACKS = (PIXELS_KEY, ("next", PIXELS_KEY))
+
+
+def gather_shift(pixels: torch.Tensor, pad: int) -> torch.Tensor:
+    """``rl_app.replay.frames.random_shift`` as it was before its row copies: one gather
+    per pixel of the clamped, shifted coordinates. The same shifts drawn give the same
+    pixels (the tests' reference)."""
+    batch_shape, (height, width) = pixels.shape[:-3], pixels.shape[-2:]
+    images = pixels.reshape(-1, *pixels.shape[-3:])
+    shifts = torch.randint(-pad, pad + 1, (len(images), 2), device=pixels.device)
+    rows = (torch.arange(height, device=pixels.device) + shifts[:, :1]).clamp(0, height - 1)
+    columns = (torch.arange(width, device=pixels.device) + shifts[:, 1:]).clamp(0, width - 1)
+    shifted = images[
+        torch.arange(len(images), device=pixels.device)[:, None, None, None],
+        torch.arange(images.shape[1], device=pixels.device)[None, :, None, None],
+        rows[:, None, :, None],
+        columns[:, None, None, :],
+    ]
+    return shifted.reshape(*batch_shape, *shifted.shape[1:])
+
+
+def as_before(algorithm: Algorithm, pad: int) -> Callable[[Any], Any]:
+    """The update as rl_app made it before: the gather shift, and the loss running double
+    DQN's pick of the next action by the online network (one forward pass more)."""
+    algorithm.loss.double_dqn = True
+
+    def update(batch: Any) -> Any:
+        for key in STACKS if pad else ():
+            batch[key] = gather_shift(batch[key], pad)
+        return Algorithm.update(algorithm, batch)  # the update without DQN's own shift
+
+    return update
+
+
+def as_before_but_row_copies(algorithm: Algorithm, pad: int) -> Callable[[Any], Any]:
+    """The update as before with today's shift: double DQN's online pick."""
+    algorithm.loss.double_dqn = True
+    return algorithm.update
+
+
+def without_mkldnn(algorithm: Algorithm, pad: int) -> Callable[[Any], Any]:
+    """The default update with oneDNN's convolutions off (ATen's im2col and matmul)."""
+
+    def update(batch: Any) -> Any:
+        with torch.backends.mkldnn.flags(enabled=False):
+            return algorithm.update(batch)
+
+    return update
+
+
+def default_update(algorithm: Algorithm, pad: int) -> Callable[[Any], Any]:
+    """The update as ``algorithm`` makes it."""
+    return algorithm.update
+
+
+# Nature-CNN update variants: settings, how the update is called, intra-op threads.
+NatureVariant = tuple[list[str], Callable[[Algorithm, int], Callable[[Any], Any]], int]
+NATURE_VARIANTS: dict[str, NatureVariant] = {
+    NATURE_BEFORE: (["dqn.channels_last=false"], as_before, 1),
+    "row-copy shift": (["dqn.channels_last=false"], as_before_but_row_copies, 1),
+    "+ plain DQN's target (one forward pass fewer)": (
+        ["dqn.channels_last=false"], default_update, 1),
+    NATURE_DEFAULT: ([], default_update, 1),
+    "two threads": ([], default_update, 2),
+    "oneDNN convolutions off": ([], without_mkldnn, 1),
+    "compiled loss (optim.compile=true)": (["optim.compile=true"], default_update, 1),
+}  # fmt: skip
+
+
+def nature_batch(base: list[str]) -> Any:
+    """A batch of the Atari-100k preset sampled as training samples it (stacks rebuilt
+    from stored frames, ``[slices, slice_len]``) from random play."""
+    config = load_config(NATURE_PRESET, [*base, "device=cpu", "replay.capacity=1000"])
+    env = make_env(config.env, config.seed)
+    keys = make_algorithm(config, env, torch.device("cpu")).replay_keys()
+    with tempfile.TemporaryDirectory() as scratch:
+        replay = config.replay
+        buffer = make_replay_buffer(replay, Path(scratch), config.seed, env, keys=keys)
+        allocate_storage(buffer, stored_transition(env, keys))
+        frames = config.collector.frames_per_batch
+        for play in random_play_batches(env, NATURE_PLAY_FRAMES, frames):
+            buffer.extend(play.select(*keys, TRAJECTORY_KEY, FRAME_KEY))
+        return buffer.sample_batches(config.optim.batch_size, 1)[0].clone()
+
+
+def bench_nature_update(base: list[str]) -> dict[str, Any]:
+    """One Nature-CNN update of the Atari-100k preset in each variant (one thread unless
+    it names two), with and without random shifts, interleaved round by round (medians), against the
+    update as it was before and the 25 ms goal."""
+    base = [*base, "device=cpu", "threads=1", "logger.backend=none"]
+    batch = nature_batch(base)
+    torch.set_num_threads(1)
+    updates, first_seconds = {}, {}
+    for name, (overrides, wrap, threads) in NATURE_VARIANTS.items():
+        torch.set_num_threads(threads)
+        for shift in (0, load_config(NATURE_PRESET, []).dqn.random_shift):
+            config = load_config(NATURE_PRESET, [*base, *overrides, f"dqn.random_shift={shift}"])
+            env = make_env(config.env, config.seed)
+            algorithm = make_algorithm(config, env, torch.device("cpu"))
+            update = functools.partial(wrap(algorithm, shift), batch.clone())
+            started = time.perf_counter()
+            update()
+            first_seconds[name, shift] = time.perf_counter() - started  # compiled: the compile
+            for _ in range(3):
+                update()
+            updates[name, shift] = update
+    # Wall time, and the CPU time of the process (both threads' where two run): on a
+    # machine shared with other work, the second moves less with the load.
+    wall: dict[tuple[str, int], list[float]] = {key: [] for key in updates}
+    cpu: dict[tuple[str, int], list[float]] = {key: [] for key in updates}
+    for _ in range(NATURE_ROUNDS):
+        for key, update in updates.items():
+            torch.set_num_threads(NATURE_VARIANTS[key[0]][2])
+            started, started_cpu = time.perf_counter(), time.process_time()
+            for _ in range(NATURE_UPDATES_PER_ROUND):
+                update()
+            wall[key].append((time.perf_counter() - started) / NATURE_UPDATES_PER_ROUND)
+            cpu[key].append((time.process_time() - started_cpu) / NATURE_UPDATES_PER_ROUND)
+    torch.set_num_threads(1)
+    report: dict[str, Any] = {"goal_ms": NATURE_GOAL_MS, "batch_size": batch.numel()}
+    for name, shift in updates:
+        step, step_cpu = statistics.median(wall[name, shift]), statistics.median(cpu[name, shift])
+        report.setdefault(name, {})[f"shift_{shift}"] = {
+            "ms_per_update": 1000 * step,
+            "cpu_ms_per_update": 1000 * step_cpu,
+            "ratio_to_before": step / statistics.median(wall[NATURE_BEFORE, shift]),
+            "cpu_ratio_to_before": step_cpu / statistics.median(cpu[NATURE_BEFORE, shift]),
+            "first_update_seconds": first_seconds[name, shift],
+        }
+    return report
+
+
+def print_nature_update(nature: dict[str, Any]) -> None:
+    shifts = list(nature[NATURE_BEFORE])
+    print(
+        f"\n== Nature-CNN DQN update ({NATURE_PRESET}: batch {nature['batch_size']} in slices, "
+        "n-step targets, Huber loss, Adam, a target copy after every update; one thread "
+        "unless named; medians; ratios against the first row, in the same run)"
+    )
+    titles = ["no shift" if key == "shift_0" else f"shifts of {key[6:]} px" for key in shifts]
+    print(f"  {'variant':<48} " + "  ".join(f"{title:<33}" for title in titles))
+    for name in NATURE_VARIANTS:
+        cells = []
+        for key in shifts:
+            step = nature[name][key]
+            wall = f"{step['ms_per_update']:6.1f} ms {step['ratio_to_before']:.2f}x"
+            cpu = f"{step['cpu_ms_per_update']:5.1f} ms {step['cpu_ratio_to_before']:.2f}x"
+            cells.append(f"{wall} (CPU {cpu})")
+        first = max(nature[name][key]["first_update_seconds"] for key in shifts)
+        compile_time = f"  first update {first:.0f} s" if first > 1 else ""
+        print(f"  {name:<48} " + "  ".join(cells) + compile_time)
+    shifted = nature[NATURE_DEFAULT][shifts[-1]]
+    wall, cpu = shifted["ms_per_update"], shifted["cpu_ms_per_update"]
+    verdict = "met" if wall <= nature["goal_ms"] else "missed"
+    print(
+        f"  goal: the default update with shifts <= {nature['goal_ms']:.0f} ms: "
+        f"{wall:.1f} ms ({cpu:.1f} ms of CPU time), {verdict}"
+    )
