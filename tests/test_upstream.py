@@ -363,11 +363,13 @@ class SliceStream:
         self.new_trajectory = self.rng.choice([0.05, 0.2, 0.5])
         self.trajectory = self.written = 0
 
-    def buffer(self, sampler: PrioritizedSliceSampler, seed: int) -> TensorDictReplayBuffer:
+    def buffer(
+        self, sampler: PrioritizedSliceSampler, seed: int, storage: type = LazyTensorStorage
+    ) -> TensorDictReplayBuffer:
         generator = torch.Generator()
         generator.manual_seed(seed)
         return TensorDictReplayBuffer(
-            storage=LazyTensorStorage(self.capacity),
+            storage=storage(self.capacity),
             sampler=sampler,
             writer=TensorDictRoundRobinWriter(),
             priority_key="priority",
@@ -474,7 +476,7 @@ def test_the_slice_starts_are_built_again_after_a_load_or_a_write_past_the_sampl
     for seed in range(20):
         stream = SliceStream(seed)
         torchrl, rl_app = (
-            stream.buffer(stream.sampler(kind, keys, cache), seed)
+            stream.buffer(stream.sampler(kind, keys, cache), seed, LazyMemmapStorage)
             for kind, cache in ((PrioritizedSliceSampler, False), (VectorizedSliceSampler, True))
         )
         if assert_same_samples([torchrl, rl_app], stream) is None:
