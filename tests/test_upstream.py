@@ -9,8 +9,10 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import random
 import re
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +64,7 @@ from rl_app.upstream.torchrl import (
     TREE_LEAF_BYTES,
     TREE_VALUE_BYTES,
     GuardedWeightSyncScheme,
+    SliceStartIndex,
     VectorizedSliceSampler,
     close_keeping_threads,
     gymnasium_env,
@@ -371,6 +374,213 @@ def test_the_prioritized_slice_sampler_still_pads_in_a_loop() -> None:
     sampler = VectorizedSliceSampler(10, alpha=0.6, beta=0.4, slice_len=2, traj_key="t")
     expected = PrioritizedSliceSampler._padded_indices(sampler, lengths, arange)
     assert torch.equal(sampler._padded_indices(lengths, arange), expected)
+
+
+class SliceStream:
+    """Random writes into prioritized slice buffers of random capacity and slice length:
+    trajectories of random lengths (one step included) whose ids go on across extends,
+    random done flags, extends from one step to more than the capacity (the ring wraps,
+    fills, is overwritten whole), random priority updates. Every buffer gets the same."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        self.capacity, self.slice_len = self.rng.randint(5, 60), self.rng.randint(2, 5)
+        self.new_trajectory = self.rng.choice([0.05, 0.2, 0.5])
+        self.trajectory = self.written = 0
+
+    def buffer(
+        self, sampler: PrioritizedSliceSampler, seed: int, storage: type = LazyTensorStorage
+    ) -> TensorDictReplayBuffer:
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        return TensorDictReplayBuffer(
+            storage=storage(self.capacity),
+            sampler=sampler,
+            writer=TensorDictRoundRobinWriter(),
+            priority_key="priority",
+            generator=generator,
+        )
+
+    def sampler(self, kind: type, keys: dict[str, Any], cache: bool) -> PrioritizedSliceSampler:
+        return kind(self.capacity, alpha=0.7, beta=0.5, slice_len=self.slice_len,
+                    cache_values=cache, **keys)  # fmt: skip
+
+    def batch(self, first: bool) -> TensorDict:
+        # TorchRL cannot sample a storage of one step by done flags (it squeezes it to 0-d).
+        largest = self.capacity + 3 if self.rng.random() < 0.1 else max(2, self.capacity // 3)
+        steps = self.rng.randint(2 if first else 1, largest)
+        ids, dones = [], []
+        for _ in range(steps):
+            self.trajectory += self.rng.random() < self.new_trajectory
+            ids.append(self.trajectory)
+            dones.append(self.rng.random() < 0.15)
+        done = torch.tensor(dones).unsqueeze(-1)
+        self.written += steps
+        return TensorDict(
+            {
+                "trajectory": torch.tensor(ids),
+                "step": torch.arange(self.written - steps, self.written),
+                ("next", "done"): done,
+                ("next", "terminated"): done & (torch.tensor(ids) % 2 == 0).unsqueeze(-1),
+            },
+            [steps],
+        )
+
+    def priorities(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        count = self.rng.randint(1, 10)
+        index = torch.tensor([self.rng.randrange(length) for _ in range(count)])
+        return index, torch.tensor([self.rng.uniform(0.0, 5.0) for _ in range(count)])
+
+
+def sampled(buffer: TensorDictReplayBuffer, batch_size: int) -> TensorDict | str:
+    """A sample of ``batch_size``, or the error sampling raised."""
+    try:
+        return buffer.sample(batch_size)
+    except Exception as error:  # the samplers must fail alike
+        return repr(error)
+
+
+def assert_same_samples(buffers: list[TensorDictReplayBuffer], stream: SliceStream) -> int | None:
+    """Extend ``buffers`` alike from ``stream``, sample each after every extend and compare
+    everything sampled (records, index, weights, flags); the samples compared, or None where
+    sampling failed (alike) and comparing stopped."""
+    compared = 0
+    for extend in range(stream.rng.randint(5, 40)):
+        batch = stream.batch(first=extend == 0)
+        for buffer in buffers:
+            buffer.extend(batch.clone())
+        if stream.rng.random() < 0.5:
+            index, priority = stream.priorities(len(buffers[0]))
+            for buffer in buffers:
+                buffer.update_priority(index, priority)
+        for _ in range(stream.rng.randint(0, 3)):
+            batch_size = stream.slice_len * stream.rng.randint(1, 6)
+            samples = [sampled(buffer, batch_size) for buffer in buffers]
+            expected, *others = samples
+            for sample in others:
+                if isinstance(expected, str):
+                    assert sample == expected
+                else:
+                    assert set(sample.keys(True, True)) == set(expected.keys(True, True))
+                    for key in expected.keys(True, True):
+                        assert torch.equal(sample[key], expected[key]), key
+            if isinstance(expected, str):
+                return None  # TorchRL leaves the masked slots' priorities at 0 after this
+            compared += 1
+    return compared
+
+
+@pytest.mark.parametrize("ends", ["trajectory ids", "done flags"])
+def test_the_vectorized_slice_sampler_samples_as_torchrl_does(monkeypatch, ends: str) -> None:
+    keys = {"traj_key": "trajectory"} if ends == "trajectory ids" else {"end_key": ("next", "done")}
+    built, updated = [], []
+    monkeypatch.setattr(SliceStartIndex, "__init__", spy(SliceStartIndex.__init__, built))
+    monkeypatch.setattr(SliceStartIndex, "written", spy(SliceStartIndex.written, updated))
+    compared = 0
+    for seed in range(100):
+        stream = SliceStream(seed)
+        samplers = [stream.sampler(PrioritizedSliceSampler, keys, cache=False),
+                    stream.sampler(VectorizedSliceSampler, keys, cache=True)]  # fmt: skip
+        compared += assert_same_samples([stream.buffer(s, seed) for s in samplers], stream) or 0
+    assert compared > 1000
+    # Most extends updated the starts; the rest (extends past the capacity) built them again.
+    assert sum(updated) > 10 * (len(built) - 100), (len(built), sum(updated))
+
+
+def spy(method: Callable, calls: list) -> Callable:
+    def spied(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        calls.append(True if result is None else result)
+        return result
+
+    return spied
+
+
+def test_the_slice_starts_are_built_again_after_a_load_or_a_write_past_the_sampler() -> None:
+    keys = {"traj_key": "trajectory"}
+    for seed in range(20):
+        stream = SliceStream(seed)
+        torchrl, rl_app = (
+            stream.buffer(stream.sampler(kind, keys, cache), seed, LazyMemmapStorage)
+            for kind, cache in ((PrioritizedSliceSampler, False), (VectorizedSliceSampler, True))
+        )
+        if assert_same_samples([torchrl, rl_app], stream) is None:
+            continue
+        # A resumed run's sampler: a new one, its state loaded, on the storage as it was.
+        resumed = stream.sampler(VectorizedSliceSampler, keys, cache=True)
+        load_sampler_state(resumed, sampler_state(rl_app.sampler))
+        rl_app.set_sampler(resumed)
+        rl_app.set_rng(replay_generator(rl_app))
+        # A write past the sampler: new trajectory ids in place, as a checkpoint load's
+        # journal writes the storage.
+        slots = torch.arange(0, len(rl_app), 3)
+        for buffer in (torchrl, rl_app):
+            patch = buffer.storage.get(slots).clone()
+            patch["trajectory"] = slots // 6 + 10_000
+            buffer.storage.set(slots, patch, set_cursor=False)
+        assert_same_samples([torchrl, rl_app], stream)
+
+
+def test_the_prioritized_slice_sampler_still_recomputes_its_starts_after_every_extend() -> None:
+    # TorchRL keeps the slots that may not start a slice in a cache that extend clears;
+    # the next sample recomputes them over the whole storage. SliceStartIndex keeps the
+    # same slots per write.
+    stream = SliceStream(seed=3)
+    keys = {"traj_key": "trajectory"}
+    sampler = stream.sampler(PrioritizedSliceSampler, keys, cache=True)
+    buffer = stream.buffer(sampler, seed=0)
+    for first in (True, *[False] * 10):  # the ring fills and wraps
+        buffer.extend(stream.batch(first))
+        assert "preceding_stop_idx" not in sampler._cache
+        buffer.sample(stream.slice_len)
+        torchrl = sampler._cache["preceding_stop_idx"]
+        index = SliceStartIndex(buffer.storage, "trajectory", True, stream.slice_len)
+        assert sorted(torchrl.tolist()) == index.blocked.tolist()
+    assert len(buffer) == stream.capacity
+
+
+class CountingStorage(LazyTensorStorage):
+    """A storage counting the reads of whole records at sampled slots."""
+
+    reads = 0
+
+    def get(self, index: Any) -> Any:
+        self.reads += isinstance(index, tuple)  # sampled slots, as a tuple of one tensor
+        return super().get(index)
+
+
+def test_the_prioritized_slice_sampler_still_reads_whole_records_for_done_flags() -> None:
+    reads = {}
+    for kind in (PrioritizedSliceSampler, VectorizedSliceSampler):
+        stream = SliceStream(seed=1)
+        buffer = TensorDictReplayBuffer(
+            storage=CountingStorage(stream.capacity),
+            sampler=stream.sampler(kind, {"traj_key": "trajectory"}, cache=True),
+        )
+        buffer.extend(stream.batch(first=True))
+        buffer.sample(stream.slice_len)
+        reads[kind] = buffer.storage.reads
+    # TorchRL reads the sampled records once for their done flags, then the buffer again.
+    assert reads == {PrioritizedSliceSampler: 2, VectorizedSliceSampler: 1}
+
+
+def test_a_write_bumps_the_storage_mutation_count_once_and_tells_the_sampler(
+    monkeypatch,
+) -> None:
+    # SliceStartIndex updates itself where exactly one write happened since it was current.
+    told = []
+    sampler = VectorizedSliceSampler(8, alpha=0.6, beta=0.4, slice_len=2, traj_key="t")
+    buffer = TensorDictReplayBuffer(storage=LazyMemmapStorage(8), sampler=sampler)
+    monkeypatch.setattr(
+        sampler, "mark_update", lambda index, *, storage: told.append((index, storage))
+    )
+    for write in range(3):
+        revision = buffer.storage._mutation_revision
+        buffer.extend(TensorDict({"t": torch.zeros(5, dtype=torch.int64)}, [5]))
+        assert buffer.storage._mutation_revision == revision + 1
+        assert told[-1][1] is buffer.storage
+        assert told[-1][0].tolist() == [(5 * write + i) % 8 for i in range(5)]
+    assert buffer.storage._last_cursor_index == 14 % 8
 
 
 def reached(td: TensorDict) -> torch.Tensor:

@@ -38,6 +38,7 @@ from torchrl.data import (
     LazyMemmapStorage,
     LazyTensorStorage,
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     RandomSampler,
     SliceSampler,
     TensorDictReplayBuffer,
@@ -86,15 +87,17 @@ __all__ = [
 ]
 
 
-def make_sampler(replay: ReplayConfig) -> Sampler:
-    """The sampler named by ``replay.sampler``."""
+def make_sampler(replay: ReplayConfig, *, torchrl_own: bool = False) -> Sampler:
+    """The sampler named by ``replay.sampler``; with ``torchrl_own``, TorchRL's own class
+    where rl_app replaces it (``prioritized_slice``), with the same settings (to compare)."""
     slices = {
         "slice_len": replay.slice_len,
         "traj_key": TRAJECTORY_KEY,
         "strict_length": True,
-        # Trajectory boundaries are found by scanning the whole storage; cached, that scan
-        # runs once per extend (which clears the cache) instead of once per sample. Exact
-        # here: the learner is the buffer's only writer, and it writes through extend.
+        # TorchRL's own class scans the whole storage for trajectory boundaries; cached,
+        # that scan runs once per extend (which clears the cache) instead of once per
+        # sample. Exact here: the learner is the buffer's only writer, and it writes through
+        # extend. rl_app's keeps the slots that may start a slice per write instead.
         "cache_values": True,
     }
     prioritized = {"max_capacity": replay.capacity, "alpha": replay.alpha, "beta": replay.beta}
@@ -106,7 +109,8 @@ def make_sampler(replay: ReplayConfig) -> Sampler:
     ):
         return PrioritizedSampler(**prioritized)
     if replay.sampler == "prioritized_slice":
-        return VectorizedSliceSampler(**prioritized, **slices)
+        kind = PrioritizedSliceSampler if torchrl_own else VectorizedSliceSampler
+        return kind(**prioritized, **slices)
     if replay.sampler == "slice":
         return SliceSampler(**slices)
     return RandomSampler()

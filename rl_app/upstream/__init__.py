@@ -10,8 +10,8 @@ failing (or can be deleted) once the library changes that behaviour.
   a collector's next step, weight pushes to worker processes, the distributed collector on
   submitit, an LSTM unrolled over sequences, the thread count a closing batch of envs
   sets, SACLoss's lazily created buffer, lazy storages, a replay buffer's state without its
-  data, the prioritized slice sampler's padding loop, HERReplayBuffer's hooks, the bytes a
-  buffer keeps per slot).
+  data, the prioritized slice sampler's slice starts recomputed over the buffer after every
+  extend, HERReplayBuffer's hooks, the bytes a buffer keeps per slot).
 - :mod:`rl_app.upstream.torch`: torch 2.14.1 (how inductor splits a compiled loss, its
   CUDA_HOME warning on machines without CUDA, FLOPs counted as they run).
 - :mod:`rl_app.upstream.tensordict`: tensordict 0.14.3 (recompiles caused by its class

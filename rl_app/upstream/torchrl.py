@@ -10,14 +10,23 @@ from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torchrl._utils import _replace_last
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
-from torchrl.data import HERReplayBuffer, PrioritizedSliceSampler, ReplayBuffer, TensorStorage
+from torchrl.data import (
+    HERReplayBuffer,
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
+    ReplayBuffer,
+    TensorStorage,
+)
 from torchrl.data.replay_buffers.samplers import Sampler
+from torchrl.data.replay_buffers.storages import Storage
 from torchrl.envs import EnvBase
 from torchrl.envs.batched_envs import BatchedEnvBase
 from torchrl.modules import LSTMModule
@@ -307,15 +316,124 @@ def load_sampler_state(sampler: Sampler, state: dict[str, Any]) -> None:
     sampler.load_state_dict(state)
 
 
-# -- 10. a Python loop over the trajectories after every extend ----------------------------
+# -- 10. the slots that may start a slice, recomputed over the buffer after every extend ----
+
+
+class SliceStartIndex:
+    """The slots of a one-dimensional storage that may not start a slice of ``steps``
+    steps, as TorchRL's :class:`PrioritizedSliceSampler` finds them (its private
+    ``_preceding_stop_idx``): a slot is one when a trajectory ends within the ``steps - 1``
+    slots from it, itself included; circularly, a full storage being a ring.
+
+    Ends are those of ``torchrl.data.find_start_stop_traj``: where the ``key`` entry (a
+    trajectory id) differs from the next slot's, or where it is set (``by_trajectory``
+    False: a done flag); the last slot of a storage not yet full ends its trajectory, and
+    so does the last slot written into a full one (the write cursor). An end depends on a
+    slot and the next, a slot's start on the ends of the ``steps - 1`` slots from it: a
+    write changes only the written slots, the slot before them and the ones the length or
+    the cursor moved from and to, and the starts up to ``steps - 2`` slots before those.
+    :meth:`written` updates the index from those; anything else the storage went through
+    (told by its private mutation count, which each write bumps by one) leaves the index
+    stale, and the sampler builds a new one from the whole storage, as TorchRL does."""
+
+    def __init__(self, storage: TensorStorage, key: Any, by_trajectory: bool, steps: int) -> None:
+        self.storage, self.key, self.by_trajectory, self.steps = storage, key, by_trajectory, steps
+        self.revision, self.length = storage._mutation_revision, len(storage)
+        self.full, self.cursor = storage._is_full, _ring_cursor(storage)
+        ends = self.ends_at(self.column(storage), torch.arange(self.length))
+        if self.full and not ends.any():  # TorchRL's rule for a ring without an end
+            ends[-1] = True
+        self.ends = torch.zeros(storage.max_size, dtype=torch.bool)
+        self.ends[: self.length] = ends
+        blocked = ends.clone()
+        for step in range(1, steps - 1):
+            blocked |= ends.roll(-step)
+        self.blocked = np.flatnonzero(blocked.numpy())  # sorted
+
+    @staticmethod
+    def supports(storage: Storage, key: Any) -> bool:
+        """Whether an index can be kept for ``storage``: a tensor storage of one dimension,
+        not empty, holding one ``key`` value per slot."""
+        if not isinstance(storage, TensorStorage) or storage.ndim != 1 or not len(storage):
+            return False
+        column = storage[:].get(key, None)
+        return column is not None and column.numel() == len(storage)
+
+    def current(self, storage: TensorStorage, key: Any) -> bool:
+        """Whether the index still describes ``storage`` read by ``key``."""
+        return (self.storage is storage and self.key == key
+                and self.revision == storage._mutation_revision and self.length == len(storage)
+                and self.cursor == _ring_cursor(storage))  # fmt: skip
+
+    def column(self, storage: TensorStorage) -> torch.Tensor:
+        return storage[:][self.key].reshape(-1)
+
+    def ends_at(self, column: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """Whether each of ``slots`` (of ``column``, the storage's ``key`` entries) ends its
+        trajectory."""
+        here = slots.to(column.device)
+        if self.by_trajectory:
+            ends = (column[here] != column[(here + 1) % self.length]).cpu()
+        else:
+            ends = column[here].cpu().bool()
+        if not self.full:
+            return ends | (slots == self.length - 1)
+        return ends if self.cursor is None else ends | (slots == self.cursor)
+
+    def written(self, storage: TensorStorage, slots: torch.Tensor) -> bool:
+        """Update the index for a write of ``slots`` into ``storage``, the only change since
+        the index was current; False (the index stale) where it cannot tell."""
+        length, full, cursor = len(storage), storage._is_full, _ring_cursor(storage)
+        if (storage is not self.storage or storage._mutation_revision != self.revision + 1
+                or length < self.length or len(slots) >= length
+                or (full and cursor is None)):  # fmt: skip
+            return False
+        moved = [self.length - 1, length - 1, *(c for c in (self.cursor, cursor) if c is not None)]
+        dirty = torch.cat(
+            [slots, slots - 1, torch.tensor(moved), torch.arange(self.length, length)]
+        )
+        self.revision, self.length = storage._mutation_revision, length
+        self.full, self.cursor = full, cursor
+        dirty = (dirty % length).unique()
+        self.ends[dirty] = self.ends_at(self.column(storage), dirty)
+        behind = torch.arange(self.steps - 1)
+        starts = ((dirty.unsqueeze(1) - behind) % length).unique()
+        blocked = self.ends[(starts.unsqueeze(1) + behind) % length].any(1).numpy()
+        starts = starts.numpy()
+        at = np.searchsorted(self.blocked, starts)
+        listed = at < len(self.blocked)
+        listed[listed] = self.blocked[at[listed]] == starts[listed]
+        self.blocked = np.delete(self.blocked, at[listed & ~blocked])
+        added = starts[~listed & blocked]
+        self.blocked = np.insert(self.blocked, np.searchsorted(self.blocked, added), added)
+        return True
+
+
+def _ring_cursor(storage: TensorStorage) -> int | None:
+    """The slot last written into a full ``storage``, which ends its trajectory; None for
+    a storage not yet full (its last slot ends it) or not written since it was loaded."""
+    return storage._last_cursor_index if storage._is_full else None
 
 
 class VectorizedSliceSampler(PrioritizedSliceSampler):
-    """TorchRL's :class:`PrioritizedSliceSampler`, whose private ``_padded_indices`` (rerun
-    after every extend: the slots of each trajectory, left-padded with -1 into one row each)
-    fills its rows in a Python loop over the trajectories: most of each iteration's sampling
-    with a 1M-frame Atari buffer (docs/speed.md). The same tensor, built in a
-    few vectorized operations. Test: ``test_the_prioritized_slice_sampler_still_pads_in_a_loop``."""
+    """TorchRL's :class:`PrioritizedSliceSampler`, which after every extend recomputes over
+    the whole storage which slots may start a slice (its trajectories, then their slots
+    laid out in a matrix of trajectories by the longest one's length, filled row by row in
+    a Python loop: ``_padded_indices``), and reads every sampled record whole to take its
+    done flags: most of each iteration's sampling with a 1M-frame Atari buffer
+    (docs/speed.md). Here a :class:`SliceStartIndex` follows the writes (TorchRL tells the
+    sampler of each through ``mark_update``), and sampling reads only the done flags: the
+    same slices, weights and flags from the same generator. Where a draw fails, the masked
+    priorities are given back (TorchRL leaves them at 0). Configurations the index does not
+    cover (several end keys, a multi-dimensional storage, ``span``, slices not of
+    ``slice_len``, ``strict_length=False``) sample as TorchRL does, with the matrix filled
+    in a few tensor operations. Tests: ``test_the_vectorized_slice_sampler_samples_as_
+    torchrl_does``; TorchRL's behaviours: ``test_the_prioritized_slice_sampler_still_
+    recomputes_its_starts_after_every_extend``, ``..._still_pads_in_a_loop``,
+    ``..._still_reads_whole_records_for_done_flags``, ``test_a_write_bumps_the_storage_
+    mutation_count_once_and_tells_the_sampler``."""
+
+    _starts: SliceStartIndex | None = None
 
     def _padded_indices(self, shapes: torch.Tensor, arange: torch.Tensor) -> torch.Tensor:
         lengths = shapes.reshape(-1)
@@ -325,6 +443,80 @@ class VectorizedSliceSampler(PrioritizedSliceSampler):
         first = (lengths.cumsum(0) - lengths).unsqueeze(1)
         slots = arange[(first + step).clamp(0, len(arange) - 1)]
         return torch.where(step >= 0, slots, torch.full_like(slots, -1))
+
+    def _start_key(self) -> tuple[Any, bool] | None:
+        """The entry ends are read from and whether it is a trajectory id, where a
+        :class:`SliceStartIndex` covers this sampler's configuration."""
+        plain = (self.slice_len is not None and self.slice_len > 1 and self.strict_length
+                 and not self.span[1] and self.end_keys is None
+                 and "static-stop-and-length" not in self._cache
+                 and not getattr(self, "_traj_key_auto", False))  # fmt: skip
+        if not plain:
+            return None
+        return (self._used_traj_key, True) if self._fetch_traj else (self.end_key, False)
+
+    def blocked_starts(self, storage: Storage) -> np.ndarray | None:
+        """The slots that may not start a slice, sorted (None: not covered)."""
+        found = self._start_key()
+        if found is None:
+            return None
+        key, by_trajectory = found
+        if self._starts is None or not self._starts.current(storage, key):
+            if not SliceStartIndex.supports(storage, key):
+                return None
+            self._starts = SliceStartIndex(storage, key, by_trajectory, self.slice_len)
+        return self._starts.blocked
+
+    def mark_update(self, index: int | torch.Tensor, *, storage: Storage | None = None) -> None:
+        super().mark_update(index, storage=storage)
+        if self._starts is not None and storage is not None:
+            slots = torch.as_tensor(index).reshape(-1).cpu()
+            if not self._starts.written(storage, slots):
+                self._starts = None
+
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict]:
+        blocked = self.blocked_starts(storage)
+        if blocked is None:
+            return super().sample(storage, batch_size)
+        # From here on TorchRL's sample, for slices of slice_len steps, with the starts kept.
+        seq_length, num_slices = self._adjusted_batch_size(batch_size)
+        masked = torch.tensor(self._sum_tree[blocked])
+        self._sum_tree[blocked] = 0.0
+        try:
+            starts, info = PrioritizedSampler.sample(self, storage, batch_size // seq_length)
+        finally:
+            self._sum_tree[blocked] = masked
+        records = storage[:]
+        device = records.get(self._starts.key).device
+        weight = torch.as_tensor(info["priority_weight"], device=device)
+        info["priority_weight"] = torch.repeat_interleave(weight, seq_length)
+        index = self._tensor_slices_from_startend(seq_length, starts, storage.shape[0])
+        index = index.to(torch.long).unbind(-1)
+        if self.truncated_key is None:
+            return index, info
+        done_key = _replace_last(self.truncated_key, "done")
+        terminated_key = _replace_last(self.truncated_key, "terminated")
+        truncated = torch.zeros((index[0].shape[0], 1), dtype=torch.bool, device=index[0].device)
+        truncated.view(num_slices, -1)[:, -1] = 1
+        done = records.get(done_key, None)
+        terminated = records.get(terminated_key, None)
+        info[self.truncated_key] = truncated
+        info[done_key] = truncated.clone() if done is None else done[index] | truncated
+        info[terminated_key] = (
+            torch.zeros_like(truncated) if terminated is None else terminated[index]
+        )
+        return index, info
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._starts = None  # built again from the storage loaded with it
+
+    def _empty(self) -> None:
+        super()._empty()
+        self._starts = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**super().__getstate__(), "_starts": None}
 
 
 # -- 11. hindsight relabelling -------------------------------------------------------------

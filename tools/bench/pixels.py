@@ -15,17 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDictBase
+from torchrl.data.replay_buffers.samplers import Sampler
 
 from rl_app.checkpointing import disk_size, file_sha256, verify_checkpoint
 from rl_app.checks import load_config
 from rl_app.config import Config
 from rl_app.envs import FRAME_KEY, make_env
 from rl_app.loop import Run, updates_per_iteration
-from rl_app.replay import TRAJECTORY_KEY
+from rl_app.replay import TRAJECTORY_KEY, RunReplayBuffer, make_sampler
 from rl_app.replay.frames import RESET_STEP, STEP_KEY
 from rl_app.replay.journal import restorable_from
 from rl_app.run import build_run
 from rl_app.rundir import JOURNAL_DIR, REPLAY_DIR
+from rl_app.upstream.torchrl import load_sampler_state, replay_generator, sampler_state
 from tools.bench.shared import random_play_batches, timed
 from tools.bench.update import seconds_per_update
 
@@ -119,12 +121,15 @@ def run_updates(config: Config) -> int:
 
 def pixel_sampling(run: Run, play: Iterator[TensorDictBase]) -> dict[str, float]:
     """Batches/s of the loop's sampling: one sampler call for an iteration's updates, after
-    that iteration's extend, which clears the slice sampler's cached scan of the storage's
-    trajectories (the loop pays the scan every iteration). Also without frame stacks
-    (sampling alone), and with stacks but no extend before the call (the scan cached).
-    Interleaved round by round; medians."""
+    that iteration's extend (TorchRL's slice sampler then finds again which slots may start
+    a slice, over the whole storage; rl_app's updated them during the extend). The same
+    with TorchRL's own ``PrioritizedSliceSampler`` in the buffer (the samplers hand each
+    other their state), without frame stacks (sampling alone), and with stacks but no
+    extend before the call. Interleaved round by round; medians, and the extend's median
+    time with each sampler."""
     config, buffer = run.config, run.buffer
     count = updates_per_iteration(config)
+    samplers = {"rl_app": buffer.sampler, "torchrl": make_sampler(config.replay, torchrl_own=True)}
 
     def with_stacks() -> None:
         buffer.sample_batches(config.optim.batch_size, count)
@@ -132,21 +137,45 @@ def pixel_sampling(run: Run, play: Iterator[TensorDictBase]) -> dict[str, float]
     def sampling_alone() -> None:  # the sampler's draw and the storage's read of it
         buffer.storage[buffer.sampler.sample(buffer.storage, count * config.optim.batch_size)[0]]
 
-    ways = {"with_stacks": (with_stacks, True), "sampling_alone": (sampling_alone, True),
-            "with_stacks_scan_cached": (with_stacks, False)}  # fmt: skip
+    ways = {"with_stacks": (with_stacks, True, "rl_app"),
+            "sampling_alone": (sampling_alone, True, "rl_app"),
+            "with_stacks_no_extend": (with_stacks, False, "rl_app"),
+            "with_stacks_torchrl": (with_stacks, True, "torchrl")}  # fmt: skip
     rates: dict[str, list[float]] = {name: [] for name in ways}
+    extends: dict[str, list[float]] = {name: [] for name in samplers}
     for _ in range(PIXELS_SAMPLING_ROUNDS):
-        for name, (draw, extend_first) in ways.items():
+        for name, (draw, extend_first, sampler) in ways.items():
+            if buffer.sampler is not samplers[sampler]:
+                hand_over(buffer, samplers[sampler])
+                store_play(run, play, lambda steps: steps > 0)  # its first draw, not timed
+                draw()
             seconds = 0.0
             for _ in range(PIXELS_CALLS_PER_ROUND):
                 if extend_first:
-                    store_play(run, play, lambda steps: steps > 0)  # one collected batch
+                    _, extend_seconds = timed(lambda: store_play(run, play, lambda s: s > 0))
+                    extends[sampler].append(extend_seconds)
                 started = time.perf_counter()
                 draw()
                 seconds += time.perf_counter() - started
             rates[name].append(count * PIXELS_CALLS_PER_ROUND / seconds)
+    hand_over(buffer, samplers["rl_app"])
     medians = {f"{name}_batches_per_second": statistics.median(r) for name, r in rates.items()}
-    return {"batch_size": config.optim.batch_size, "batches_per_call": count, **medians}
+    return {
+        "batch_size": config.optim.batch_size,
+        "batches_per_call": count,
+        "frames_per_extend": config.collector.frames_per_batch,
+        **medians,
+        "to_torchrl": medians["with_stacks_batches_per_second"]
+        / medians["with_stacks_torchrl_batches_per_second"],
+        **{f"extend_ms_{name}": 1000 * statistics.median(s) for name, s in extends.items()},
+    }
+
+
+def hand_over(buffer: RunReplayBuffer, sampler: Sampler) -> None:
+    """Sample ``buffer`` with ``sampler`` from now on, in the state of the one it had (its
+    priorities; the buffer's generator)."""
+    load_sampler_state(sampler, sampler_state(buffer.set_sampler(sampler)))
+    buffer.set_rng(replay_generator(buffer))
 
 
 def pixel_update(run: Run) -> dict[str, Any]:
@@ -287,11 +316,16 @@ def print_pixels(pixels: dict[str, Any]) -> None:
           f"{memory['RssFile'] / 1e9:.2f} GB (the replay files' page cache "
           f"{memory['replay_files_resident'] / 1e9:.2f} GB of it)")  # fmt: skip
     print(f"sampling {sampling['batches_per_call']} batches of {sampling['batch_size']} per "
-          f"call: {sampling['with_stacks_batches_per_second']:,.0f} batches/s with frame stacks "
-          f"(goal >= {goals['batches_per_second']:,}), "
-          f"{sampling['sampling_alone_batches_per_second']:,.0f} without; with the "
-          f"sampler's scan of the storage cached (no extend before the call): "
-          f"{sampling['with_stacks_scan_cached_batches_per_second']:,.0f}")  # fmt: skip
+          f"call after each extend: {sampling['with_stacks_batches_per_second']:,.0f} batches/s "
+          f"with frame stacks (goal >= {goals['batches_per_second']:,}); TorchRL's "
+          f"PrioritizedSliceSampler in the same run "
+          f"{sampling['with_stacks_torchrl_batches_per_second']:,.0f}: "
+          f"{sampling['to_torchrl']:.1f}x; "
+          f"{sampling['sampling_alone_batches_per_second']:,.0f} without stacks, "
+          f"{sampling['with_stacks_no_extend_batches_per_second']:,.0f} with no extend before "
+          f"the call; an extend of {sampling['frames_per_extend']} frames: "
+          f"{sampling['extend_ms_rl_app']:.1f} ms, "
+          f"{sampling['extend_ms_torchrl']:.1f} ms with TorchRL's")  # fmt: skip
     print(f"Nature-CNN update, one thread: {update['ms_per_update']:.1f} ms; the Atari-100k "
           f"preset's {update['atari100k_updates']:,} updates: "
           f"{update['atari100k_update_hours']:.1f} h")  # fmt: skip
