@@ -2,17 +2,22 @@
 
 - :func:`make_env` builds every env of a run (training, evaluation, workers) from
   ``env.*``: a seeded ``GymEnv`` with float observations, a step counter, the episode
-  return and init flags; a recurrent network's state primer; an Atari game's frame stacks
-  and sign-clipped rewards (:mod:`rl_app.envs.atari`);
+  return and init flags; a recurrent network's state primer; the frame stacks of an Atari
+  game or another env observing frames, and a game's sign-clipped rewards
+  (:mod:`rl_app.envs.atari`);
 - :mod:`rl_app.envs.resumable`: the episode in progress saved in checkpoints, so that a
   resume continues it;
 - :mod:`rl_app.envs.goals`: the goal-conditioned envs this project ships (bit flipping, a
   2-D point), registered on import;
+- :mod:`rl_app.envs.pixels`: a pixel game this project ships (a paddle kept under a
+  bouncing ball), learned from frame stacks as an Atari game is, small enough for a CPU;
 - :mod:`rl_app.envs.checks`: what ``env.*`` is checked against before a run starts.
 
 To add an env: register it with Gymnasium in your own module and give ``env.name=module:id``
 (as ``configs/dqn_bitflip.yaml`` does with :mod:`rl_app.envs.goals`); its action space picks
-the algorithms that fit. A Gymnasium wrapper for every run goes in :func:`make_gym_env`, a
+the algorithms that fit; an env observing 84x84 grayscale frames says so with a class
+attribute ``observes_frames = True`` and is learned as an Atari game is
+(:mod:`rl_app.envs.pixels`). A Gymnasium wrapper for every run goes in :func:`make_gym_env`, a
 TorchRL transform in :func:`make_env`, a check of a new ``env.*`` setting in
 :mod:`rl_app.envs.checks`; to resume mid-episode, an env offers ``get_state``/``set_state``
 (:mod:`rl_app.envs.resumable`)."""
@@ -48,7 +53,7 @@ from torchrl.envs import (
 from torchrl.envs.gym_like import BaseInfoDictReader
 
 from rl_app.config import EnvConfig, NetworkConfig
-from rl_app.envs.atari import is_atari
+from rl_app.envs.atari import is_atari, observes_frames
 from rl_app.envs.resumable import ResumableEnv
 
 # Evaluation episodes use seeds far from the training ones, so that the agent is scored on
@@ -190,9 +195,11 @@ def make_env(
     ``network``, also the policy's recurrent state (``RECURRENT_STATE_KEYS``); a goal env
     also says whether each step reached its goal (SUCCESS_KEY).
 
-    An Atari game observes uint8 frames instead (:func:`frame_stacking`), and the reward
-    the learner sees is clipped to its sign (Mnih et al., 2015), after ``episode_reward``
-    has summed the game's score: training and evaluation returns are scores.
+    An Atari game, and any env that observes frames as one does
+    (:func:`rl_app.envs.atari.observes_frames`), observes uint8 frames instead
+    (:func:`frame_stacking`); a game's reward the learner sees is clipped to its sign (Mnih
+    et al., 2015), after ``episode_reward`` has summed the game's score: training and
+    evaluation returns are scores.
 
     With ``env.num_envs > 1`` it is a batch of envs stepped together in this process (a
     Gymnasium ``SyncVectorEnv``): one policy call and one TorchRL step serve them all. Its
@@ -210,8 +217,10 @@ def make_env(
     if "desired_goal" in base.observation_spec.keys():
         base.set_info_dict_reader(SuccessReader(base.batch_size))
     transforms = [DoubleToFloat(), StepCounter(), RewardSum(), InitTracker()]
+    if observes_frames(env.name):
+        transforms = [*frame_stacking(), *transforms]
     if is_atari(env.name):
-        transforms = [*frame_stacking(), *transforms, SignTransform(in_keys=["reward"])]
+        transforms.append(SignTransform(in_keys=["reward"]))
     if network is not None and network.recurrent != "none":
         transforms.append(recurrent_state_primer(network))
     transformed = TransformedEnv(base, Compose(*transforms))
