@@ -47,7 +47,7 @@ from rl_app.algorithms.base import (
 )
 from rl_app.config import Config, ConfigError, NetworkConfig, setting
 from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS
-from rl_app.envs.atari import is_atari
+from rl_app.envs.atari import observes_frames
 from rl_app.replay.frames import frame_replay_keys, random_shift
 from rl_app.replay.keys import PRIORITY_KEY
 from rl_app.upstream.torchrl import unrolling_view
@@ -85,13 +85,13 @@ class DQNConfig:
     random_shift: int = setting(
         0,
         "shift each sampled observation and next observation by up to N pixels (edge-padded, "
-        "randomly cropped back; DrQ), independently (0: none; Atari only)",
+        "randomly cropped back; DrQ), independently (0: none; envs of frames only)",
         at_least=0,
     )
     channels_last: bool = setting(
         True,
         "run the Nature CNN in the channels-last memory format (faster updates on the CPUs "
-        "measured, docs/speed.md; Atari only)",
+        "measured, docs/speed.md; envs of frames only)",
     )
 
 
@@ -250,11 +250,12 @@ class DQN(Algorithm):
 
     @classmethod
     def check(cls, config: Config) -> None:
-        """``dqn.random_shift`` shifts the frames of an Atari game."""
-        if config.dqn.random_shift and not is_atari(config.env.name):
+        """``dqn.random_shift`` shifts the frames of an env that observes frames."""
+        if config.dqn.random_shift and not observes_frames(config.env.name):
             raise ConfigError(
                 f"dqn.random_shift={config.dqn.random_shift} shifts frames: {config.env.name} "
-                "observes none (set dqn.random_shift=0, or train on an Atari game)"
+                "observes none (set dqn.random_shift=0, or train on an env of frames, e.g. an "
+                "Atari game)"
             )
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
