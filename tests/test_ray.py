@@ -2,7 +2,7 @@
 stops its own Ray, actors act with the weights the learner sent, a stopped actor is named and
 leaves the last checkpoint intact, a run resumes, and what Ray cannot run is refused before
 anything is created. After the first test, the tests share one Ray (each actor imports torch:
-about 750 MB), as a process that already joined one does."""
+about 800 MB), as a process that already joined one does."""
 
 from __future__ import annotations
 
@@ -27,7 +27,15 @@ from rl_app.loop import RunFailed
 from rl_app.replay import TRAJECTORY_KEY
 from rl_app.run import train
 from tests import faulty_envs
-from tests.helpers import PYTHON, ROOT, TINY_RUN, actor_version, collect_around_a_push, run_train
+from tests.helpers import (
+    PYTHON,
+    ROOT,
+    TINY_RUN,
+    actor_version,
+    collect_around_a_push,
+    resume_in_process,
+    run_train,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -124,13 +132,19 @@ def test_an_actor_that_fails_stops_the_run_cleanly(shared_ray, tiny_config) -> N
     assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
 
 
-def test_a_run_resumes_on_new_actors(shared_ray, tiny_config) -> None:
-    train(tiny_config(*RAY_RUN, "collector.total_frames=600"))
+def test_a_run_resumes_on_new_actors_under_new_trajectory_ids(shared_ray, tiny_config) -> None:
+    train(tiny_config(*RAY_RUN, "collector.total_frames=600"))  # episodes cut mid-way
     config = tiny_config(*RAY_RUN)
-    result = train(config)
-    assert result.frames == 1200
-    rows = read_metrics(Path(config.run_dir))
+    _, stored, rows = resume_in_process(config)
     assert [row["frames"] for row in rows] == list(range(200, 1201, 200))
+    assert len(stored) == 1200
+    # Each trajectory id is one episode: its frames, in the order stored, follow one another
+    # (a resumed actor starting a new episode under an id of before would break the chain).
+    for trajectory in stored[TRAJECTORY_KEY].unique():
+        frames = stored[stored[TRAJECTORY_KEY] == trajectory]
+        ended = frames["next", "done"].reshape(-1)[:-1]
+        follows = (frames["next", "observation"][:-1] == frames["observation"][1:]).all(-1)
+        assert (ended | follows).all(), f"trajectory {int(trajectory)} holds two episodes"
 
 
 def free_port() -> int:
