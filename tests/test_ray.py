@@ -35,6 +35,7 @@ from tests.helpers import (
     collect_around_a_push,
     resume_in_process,
     run_train,
+    wait_for,
 )
 
 pytestmark = pytest.mark.ray
@@ -151,6 +152,41 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path, monkeypatch) -> None:
+    # A cluster of this test alone: without Ray's token authentication, whose one token per
+    # user (~/.ray/auth_token) other Ray clusters of this user may hold.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    port = free_port()
+    head = subprocess.Popen(
+        [PYTHON, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+         "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for("the Ray head to answer", lambda: answers(port), timeout=30)
+        run_dir = tmp_path / "run"
+        done = run_train(
+            tmp_path, *TINY_RUN, *RAY_RUN, f"ray.address=127.0.0.1:{port}",
+            f"run_dir={run_dir}", "collector.total_frames=400",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert [row["frames"] for row in read_metrics(run_dir)] == [200, 400]
+        assert head.poll() is None and answers(port)  # the cluster is still up
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
+        # The head leaves its address where a later ray.init() without one would look.
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
 
 
 @pytest.mark.parametrize(

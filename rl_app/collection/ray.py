@@ -51,7 +51,10 @@ def connect_ray(address: str | None) -> bool:
     if address:
         ray.init(address=address, log_to_driver=False)
     else:
-        ray.init(num_cpus=machine_cpus(), include_dashboard=False, log_to_driver=False)
+        # "local": a new Ray even where ray.init() would join one found on this machine.
+        ray.init(
+            address="local", num_cpus=machine_cpus(), include_dashboard=False, log_to_driver=False
+        )
     return True
 
 
