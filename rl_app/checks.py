@@ -8,6 +8,8 @@ one order, with the checks of the learner's machine and collection that are kept
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 
 import torch
@@ -51,6 +53,7 @@ def check_config(config: Config) -> None:
         check_device(key, device, allow_auto=key == "device")
     check_cudagraphs(config)
     check_collection(config)
+    check_ray(config)
     replay_checks.check_value_target(config)
     replay_checks.check_capacity(config)
     replay_checks.check_burn_in(config)
@@ -118,7 +121,8 @@ def check_collection(config: Config) -> None:
             f"collector.total_frames={collector.total_frames} is out of range: "
             f"it must be at least collector.frames_per_batch={collector.frames_per_batch}"
         )
-    if collector.mode == "sync" and collector.frames_per_batch % collector.workers:
+    gathered = collector.mode == "sync" or (collector.mode == "ray" and config.ray.sync)
+    if gathered and collector.frames_per_batch % collector.workers:
         raise ConfigError(
             f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: "
             f"in sync mode it is split evenly among collector.workers={collector.workers}"
@@ -129,13 +133,78 @@ def check_collection(config: Config) -> None:
                 f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: in "
                 f"distributed mode it is split evenly among collector.nodes={collector.nodes}"
             )
-    sources = {"sync": collector.workers, "distributed": collector.nodes}.get(collector.mode, 1)
+    sources = collector.nodes if collector.mode == "distributed" else 1
+    if gathered:
+        sources = collector.workers
     if (collector.frames_per_batch // sources) % num_envs:
         raise ConfigError(
             f"env.num_envs={num_envs} is not accepted: each collector's share of "
             f"collector.frames_per_batch={collector.frames_per_batch} must be a whole number "
             f"of steps of its {num_envs} envs"
         )
+
+
+def check_ray(config: Config) -> None:
+    """``collector.mode=ray`` needs Ray installed, a reachable ``ray.address``, actors on the
+    CPU, and CPUs for every actor: Ray would leave an actor it cannot place waiting for
+    ever. A set address is joined here, and left, to read its CPUs."""
+    if config.collector.mode != "ray":
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "collector.mode=ray needs Ray, which is not installed: pip install ray==2.60.0 "
+            "(requirements.txt), or choose collector.mode direct, sync, async or distributed"
+        ) from None
+    if config.collector.device != "cpu":
+        raise ConfigError(
+            f"collector.device={config.collector.device!r} is not accepted with "
+            "collector.mode=ray: Ray actors act on the CPU (cpu)"
+        )
+    address = config.ray.address
+    cpus = ray_cluster_cpus(address) if address else float(machine_cpus())
+    asked = config.collector.workers * config.ray.worker_cpus
+    if asked > cpus:
+        where = f"the Ray cluster at {address}" if address else "this machine"
+        raise ConfigError(
+            f"collector.workers={config.collector.workers} with "
+            f"ray.worker_cpus={config.ray.worker_cpus} asks {asked:g} CPUs, and {where} "
+            f"has {cpus:g}: lower either (ray.worker_cpus may be a fraction)"
+        )
+
+
+def machine_cpus() -> int:
+    """The CPUs this process may run on: what a local Ray is started with."""
+    return len(os.sched_getaffinity(0))
+
+
+# How long a Ray cluster's address is given to answer.
+RAY_CONNECT_TIMEOUT_S = 5.0
+
+
+def ray_cluster_cpus(address: str) -> float:
+    """The CPUs of the Ray cluster at ``address`` (``host:port``), joined and left here."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"ray.address={address!r} is not accepted: give host:port")
+    try:
+        socket.create_connection((host, int(port)), RAY_CONNECT_TIMEOUT_S).close()
+    except OSError as error:
+        raise ConfigError(
+            f"ray.address={address!r} is unreachable ({error.strerror or error}): start the "
+            "cluster (ray start --head) or unset ray.address to start a local Ray"
+        ) from None
+    import ray
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        return ray.cluster_resources().get("CPU", 0.0)
+    ray.init(address=address, log_to_driver=False)
+    try:
+        return ray.cluster_resources().get("CPU", 0.0)
+    finally:
+        ray.shutdown()
 
 
 def check_video(config: Config) -> None:

@@ -10,8 +10,11 @@ from pathlib import Path
 from tests.helpers import PYTHON, ROOT
 
 PACKAGE = ROOT / "rl_app"
-# Scale-out: worker processes, collection jobs and the SLURM launcher.
-SCALE = ("rl_app.collection.workers", "rl_app.collection.distributed", "rl_app.launch")
+# Scale-out: worker processes, collection jobs, Ray actors and the SLURM launcher.
+SCALE = (
+    "rl_app.collection.workers", "rl_app.collection.distributed", "rl_app.collection.ray",
+    "rl_app.launch", "rl_app.upstream.ray",
+)  # fmt: skip
 # The places the core hands work to scale-out code, importing it only when asked to: a
 # collection mode to its backend, and a sweep with ``launcher: slurm`` to the SLURM launcher.
 DOORS = (("rl_app.collection", "make_collector"), ("rl_app.sweep.worker", "submit_to_slurm"))

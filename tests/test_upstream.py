@@ -798,3 +798,52 @@ def test_segment_trees_still_refuse_sizes_past_the_largest_accepted() -> None:
     tree_type = type(PrioritizedSampler(8, alpha=0.6, beta=0.4)._sum_tree)
     with pytest.raises(ValueError, match="max_size"):
         tree_type(SEGMENT_TREE_MAX_SIZE + 1)
+
+
+# -- Ray 2.60.0 and TorchRL's Ray collector (rl_app.upstream.ray) ---------------------------
+
+
+def test_ray_handles_still_keep_their_hex_id_in_a_private_attribute() -> None:
+    from ray.actor import ActorHandle
+    from ray.exceptions import RayActorError
+
+    assert isinstance(inspect.getattr_static(ActorHandle, "_actor_id"), property)
+    assert "self.actor_id = actor_id" in inspect.getsource(RayActorError.__init__)
+
+
+def test_an_endless_collector_still_has_a_float_length() -> None:
+    from torchrl.data import BoundedContinuous
+    from torchrl.envs import GymEnv
+
+    # What RayCollector builds in each actor: Ray's truth test of it raises TypeError.
+    collector = Collector(
+        lambda: GymEnv("Pendulum-v1"), RandomPolicy(BoundedContinuous(-2, 2, (1,))),
+        frames_per_batch=10, total_frames=-1,
+    )  # fmt: skip
+    try:
+        assert collector.total_frames == float("inf")
+        with pytest.raises(TypeError, match="'float' object cannot be interpreted"):
+            bool(collector)
+    finally:
+        collector.shutdown()
+
+
+def test_ray_collector_still_warns_about_policy_factories_and_async_warm_up() -> None:
+    from torchrl.collectors.distributed import RayCollector
+    from torchrl.collectors.utils import _NON_NN_POLICY_WEIGHTS
+
+    from rl_app.upstream.ray import NOT_APPLYING
+
+    source = inspect.getsource(RayCollector.__init__)
+    assert "warnings.warn(_NON_NN_POLICY_WEIGHTS)" in source
+    assert _NON_NN_POLICY_WEIGHTS.startswith(NOT_APPLYING[0])
+    assert f'"{NOT_APPLYING[1]}' in source.replace("\n", "")
+
+
+def test_ray_collector_still_stops_at_minus_one_frames_and_splits_the_warm_up() -> None:
+    from torchrl.collectors.distributed import RayCollector
+
+    for iterator in (RayCollector._sync_iterator, RayCollector._async_iterator):
+        assert "self.collected_frames < self.total_frames" in inspect.getsource(iterator)
+    split = "init_random_frames // self.num_collectors"
+    assert split in inspect.getsource(RayCollector.__init__)

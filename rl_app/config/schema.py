@@ -111,11 +111,12 @@ class CollectorConfig:
     )
     mode: str = setting(
         "direct",
-        "direct (in-process) | sync | async (worker processes) | distributed (SLURM jobs)",
-        choices=("direct", "sync", "async", "distributed"),
+        "direct (in-process) | sync | async (worker processes) | distributed (SLURM jobs) "
+        "| ray (Ray actors: the ray group)",
+        choices=("direct", "sync", "async", "distributed", "ray"),
     )
     workers: int = setting(
-        2, "worker processes (sync and async modes; distributed: one collector per job)",
+        2, "worker processes (sync, async and ray modes; distributed: one collector per job)",
         at_least=1,
     )  # fmt: skip
     nodes: int = setting(2, "collection jobs submitted to SLURM (distributed mode)", at_least=1)
@@ -299,6 +300,27 @@ class SlurmConfig:
 
 
 @dataclass
+class RayConfig:
+    """The Ray cluster of ``collector.mode=ray``."""
+
+    address: str | None = setting(
+        None,
+        "host:port of a running Ray cluster to join and leave running (unset: start a local "
+        "Ray with this machine's CPUs and shut it down at the end)",
+        on_resume=True,
+    )
+    sync: bool = setting(
+        True,
+        "gather each batch from every collector actor (true), or take the batch of whichever "
+        "actor is ready first while the others keep collecting (false)",
+    )
+    worker_cpus: float = setting(
+        1.0, "CPUs each collector actor reserves (Ray places an actor only where they are free)",
+        above=0, on_resume=True,
+    )  # fmt: skip
+
+
+@dataclass
 class Config:
     """A whole run."""
 
@@ -327,6 +349,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig, metadata={"on_resume": True})
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def run_schema(algo: Any, groups: dict[str, type], *, name: str, module: str) -> type:

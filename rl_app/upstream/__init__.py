@@ -12,6 +12,9 @@ failing (or can be deleted) once the library changes that behaviour.
   sets, SACLoss's lazily created buffer, lazy storages, a replay buffer's state without its
   data, the prioritized slice sampler's slice starts recomputed over the buffer after every
   extend, HERReplayBuffer's hooks, the bytes a buffer keeps per slot).
+- :mod:`rl_app.upstream.ray`: Ray 2.60.0 with TorchRL 0.14.1's ``RayCollector`` (which actor
+  stopped, a collector actor's truth, warnings that do not apply, an endless collector);
+  imported by ``collector.mode=ray`` only.
 - :mod:`rl_app.upstream.torch`: torch 2.14.1 (how inductor splits a compiled loss, its
   CUDA_HOME warning on machines without CUDA, FLOPs counted as they run).
 - :mod:`rl_app.upstream.tensordict`: tensordict 0.14.3 (recompiles caused by its class

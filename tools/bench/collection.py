@@ -18,8 +18,10 @@ from rl_app.config import Config
 from rl_app.envs import make_env
 from rl_app.run import train
 
-# Each collector measured: its name and its settings ("distributed-N": N SLURM jobs).
+# Each collector measured: its name and its settings ("distributed-N": N SLURM jobs,
+# "ray-sync-N": N Ray actors).
 BATCHED_ENVS = 8
+RAY_ACTORS = ["collector.mode=ray", "collector.workers=2", "ray.worker_cpus=0.5"]
 COLLECTION_MODES = {
     "direct": ["collector.mode=direct"],
     f"direct-{BATCHED_ENVS}envs": ["collector.mode=direct", f"env.num_envs={BATCHED_ENVS}"],
@@ -37,6 +39,8 @@ COLLECTION_MODES = {
         f"distributed-{jobs}": ["collector.mode=distributed", f"collector.nodes={jobs}"]
         for jobs in (1, 2)
     },
+    # Two Ray actors of half a CPU each: they fit a 2-core machine.
+    **{f"ray-{kind}-2": [*RAY_ACTORS, f"ray.sync={kind == 'sync'}"] for kind in ("sync", "async")},
 }
 COLLECTION_FRAMES = 4_000
 MODE_TRAINING_FRAMES = 2_000

@@ -1,0 +1,181 @@
+"""Collection on Ray actors (``collector.mode=ray``).
+
+TorchRL's ``RayCollector``: ``collector.workers`` actors, each a TorchRL collector of
+``env.num_envs`` envs built from picklable factories; weights reach them through TorchRL's
+``RayWeightSyncScheme`` (Ray to signal, gloo to carry the tensors), pushed by
+:class:`rl_app.collection.WeightSync` as in every other mode. With ``ray.sync`` each batch is
+gathered from every actor; without, each batch is one actor's, whichever is ready first,
+while the others keep collecting.
+
+:class:`RayCollection` adds what a run needs:
+
+- the Ray runtime: unset ``ray.address`` starts a local Ray with this machine's CPUs and
+  shuts it down with the collector; a set one is joined and left running;
+- trajectory ids unique across actors and resumes (each actor numbers its own);
+- an actor that died or raised is named (:class:`ActorStopped`), so that the run stops at
+  that iteration boundary with its last checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError
+from tensordict import TensorDictBase
+from torchrl.collectors.distributed import RayCollector
+
+from rl_app.checks import machine_cpus
+from rl_app.config import Config
+from rl_app.envs import env_factory, worker_seed
+from rl_app.replay import TRAJECTORY_KEY
+from rl_app.upstream.ray import TruthfulCollector, actor_id, quiet_construction_warnings
+from rl_app.upstream.torchrl import UNBOUNDED_FRAMES
+
+
+def connect_ray(address: str | None) -> bool:
+    """Join the Ray cluster at ``address``, or start a local one (no dashboard, no usage
+    reports) when unset; True when this call connected, so that the caller disconnects
+    (which stops a local Ray, and leaves a joined cluster running). A process already
+    connected stays on its cluster."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        return False
+    # Actors print their whole collector when they start: their errors reach the learner
+    # with their tracebacks anyway.
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        # "local": a new Ray even where ray.init() would join one found on this machine.
+        ray.init(
+            address="local", num_cpus=machine_cpus(), include_dashboard=False, log_to_driver=False
+        )
+    return True
+
+
+class ActorStopped(RuntimeError):
+    """A collector actor died, or raised while collecting."""
+
+    def __init__(self, index: int, env_name: str, why: str) -> None:
+        super().__init__(f"collector worker {index} (Ray actor) of env {env_name} stopped: {why}")
+
+
+class CollectionFailed(RuntimeError):
+    """Raised in collector actor ``worker``: Ray hands the learner an error without the actor
+    it came from."""
+
+    def __init__(self, worker: int, what: str) -> None:
+        super().__init__(worker, what)
+        self.worker = worker
+        self.what = what
+
+
+class ActorCollector(TruthfulCollector):
+    """The collector each actor runs: TorchRL's, its failures naming the actor."""
+
+    def next(self) -> TensorDictBase | None:
+        try:
+            return super().next()
+        except Exception as error:
+            raise CollectionFailed(self.worker_idx, f"{type(error).__name__}: {error}") from error
+
+
+def interleave_trajectory_ids(worker: int, workers: int, batch: TensorDictBase) -> None:
+    """In actor ``worker``: its own trajectory ``k`` becomes ``k * workers + worker``, unique
+    across actors; each actor's numbering is saved in checkpoints and continues on resume."""
+    batch.set(TRAJECTORY_KEY, batch.get(TRAJECTORY_KEY) * workers + worker)
+
+
+class RayCollection(RayCollector):
+    """TorchRL's ``RayCollector`` on the runtime :func:`connect_ray` joined; see the module
+    docstring."""
+
+    def __init__(self, env_name: str, address: str | None, **kwargs: Any) -> None:
+        self.env_name = env_name
+        self.connected = connect_ray(address)
+        try:
+            with quiet_construction_warnings():
+                super().__init__(**kwargs)
+        except BaseException:
+            self.disconnect()
+            raise
+        self.actor_ids = [actor_id(actor) for actor in self.remote_collectors]
+
+    def iterator(self) -> Iterator[TensorDictBase]:
+        with self.naming_stopped_actors():
+            for batch in super().iterator():
+                # Sync batches stack the actors' [envs, steps] batches: one row per env.
+                yield batch.flatten(0, -2) if batch.ndim > 2 else batch
+
+    def update_policy_weights_(self, *args: Any, **kwargs: Any) -> None:
+        with self.naming_stopped_actors():
+            super().update_policy_weights_(*args, **kwargs)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        with self.naming_stopped_actors():
+            return super().state_dict()
+
+    @contextmanager
+    def naming_stopped_actors(self) -> Iterator[None]:
+        try:
+            yield
+        except CollectionFailed as error:  # Ray's error, an instance of the actor's too
+            raise ActorStopped(error.worker, self.env_name, error.what) from error
+        except RayActorError as error:
+            if error.actor_id not in self.actor_ids:
+                raise
+            index = self.actor_ids.index(error.actor_id)
+            raise ActorStopped(index, self.env_name, "its process ended") from error
+
+    def shutdown(self, timeout: float | None = None, shutdown_ray: bool = False) -> None:
+        try:
+            super().shutdown(timeout, shutdown_ray=False)
+        finally:
+            self.disconnect()
+
+    def disconnect(self) -> None:
+        if self.connected:
+            self.connected = False
+            ray.shutdown()
+
+
+def make_ray_collector(
+    config: Config, policy_factory: Callable[..., Any], devices: Any
+) -> RayCollection:
+    """``collector.workers`` actors of ``env.num_envs`` envs each, each reserving
+    ``ray.worker_cpus`` CPUs (``rl_app.checks`` refused a cluster without them)."""
+    settings, workers = config.collector, config.collector.workers
+    return RayCollection(
+        config.env.name,
+        config.ray.address,
+        create_env_fn=[
+            env_factory(config.env, worker_seed(config.seed, worker), network=config.network)
+            for worker in range(workers)
+        ],
+        policy_factory=policy_factory,
+        num_collectors=workers,
+        sync=config.ray.sync,
+        frames_per_batch=settings.frames_per_batch,
+        total_frames=UNBOUNDED_FRAMES,
+        # Each actor counts its own frames and gets init_random_frames // workers.
+        init_random_frames=workers * math.ceil(settings.init_random_frames / workers),
+        collector_class=ActorCollector,
+        collector_kwargs=[
+            {
+                "track_policy_version": True,
+                "compile_policy": settings.compile_policy,
+                "post_collect_hook": functools.partial(interleave_trajectory_ids, worker, workers),
+            }
+            for worker in range(workers)
+        ],
+        # Replaces TorchRL's default request (1 CPU, 2 GiB, a GPU share on a CUDA host).
+        remote_configs={"num_cpus": config.ray.worker_cpus},
+        env_device=devices.env,
+        policy_device=devices.policy,
+        storing_device=devices.storage,
+    )

@@ -1,0 +1,244 @@
+"""Collection on Ray actors (``collector.mode=ray``) on a real local Ray: a run starts and
+stops its own Ray, actors act with the weights the learner sent, a stopped actor is named and
+leaves the last checkpoint intact, a run resumes, and what Ray cannot run is refused before
+anything is created. After the first test, the tests share one Ray (each actor imports torch:
+about 800 MB), as a process that already joined one does."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import ray
+import torch
+
+from rl_app.algorithms import make_algorithm
+from rl_app.checkpointing import choose_checkpoint
+from rl_app.checks import machine_cpus
+from rl_app.collection import decide_devices, make_collector
+from rl_app.collection.ray import ActorStopped, connect_ray
+from rl_app.envs import make_env
+from rl_app.logger import read_metrics
+from rl_app.loop import RunFailed
+from rl_app.replay import TRAJECTORY_KEY
+from rl_app.run import train
+from tests import faulty_envs
+from tests.helpers import (
+    PYTHON,
+    ROOT,
+    TINY_RUN,
+    actor_version,
+    collect_around_a_push,
+    resume_in_process,
+    run_train,
+    wait_for,
+)
+
+pytestmark = pytest.mark.ray
+
+# Two actors of half a CPU each: they fit a 2-core machine.
+RAY_RUN = ["collector.mode=ray", "collector.workers=2", "ray.worker_cpus=0.5"]
+# As tests/test_collection.py: batches of 130 frames straddle episode ends.
+ACTING_RUN = [*RAY_RUN, "collector.init_random_frames=0", "collector.frames_per_batch=130"]
+
+
+def test_a_run_starts_its_own_ray_and_shuts_it_down(tiny_config) -> None:
+    assert not ray.is_initialized()
+    config = tiny_config(*RAY_RUN, "collector.sync_every=2")
+    train(config)
+    rows = read_metrics(Path(config.run_dir))
+    assert [row["frames"] for row in rows] == list(range(200, 1201, 200))
+    # Pushes every second iteration, and a sync batch is gathered before the push that
+    # follows it: never more than two pushes behind.
+    assert all(0 <= row["collector/policy_lag"] <= 2 for row in rows)
+    assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def shared_ray() -> Iterator[None]:
+    """One local Ray for the tests below; runs find it and leave it up."""
+    connect_ray(None)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
+def test_actors_act_with_the_weights_the_learner_sent(shared_ray, tiny_config, sync) -> None:
+    config = tiny_config(*ACTING_RUN, f"ray.sync={sync}")
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    try:
+        collected, snapshots = collect_around_a_push(
+            collector, algorithm, config.env.name, moved_at=3, pushed_at=5, batches=10
+        )
+    finally:
+        collector.shutdown()
+    assert ray.is_initialized()  # the shared Ray stays up
+    batches = [batch.reshape(-1) for batch in collected]
+    data = torch.cat(batches)
+    acted = actor_version(data, snapshots, algorithm.policy)
+    # Whole snapshots only: never a blend of two versions, never weights that were not sent.
+    assert (acted >= 1).all(), f"{int((acted == 0).sum())} frames match no sent snapshot"
+    pushed_at = sum(len(batch) for batch in batches[:6])
+    assert (acted[:pushed_at] == 1).all()
+    assert (acted[pushed_at:] == 2).any()
+    # An actor takes a push between two batches (a batch in flight keeps its version): the
+    # version written with each step names the weights exactly.
+    assert torch.equal(data["next", "policy_version"], acted)
+
+    # Trajectory ids tell the actors apart (actor w numbers k * 2 + w): each acted with both
+    # versions, and never went back to the old one.
+    ids = data[TRAJECTORY_KEY]
+    if sync:  # a sync batch holds one row per actor
+        for batch in batches:
+            assert (batch[TRAJECTORY_KEY].view(2, -1) % 2 == torch.tensor([[0], [1]])).all()
+    for worker in range(2):
+        versions = acted[ids % 2 == worker]
+        assert set(versions.tolist()) == {1, 2}
+        assert (versions.diff() >= 0).all()
+
+
+def test_a_killed_actor_is_named(shared_ray, tiny_config) -> None:
+    config = tiny_config(*ACTING_RUN)
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    try:
+        collector.update_policy_weights_(algorithm.policy)
+        batches = iter(collector)
+        next(batches)
+        ray.kill(collector.remote_collectors[1])
+        with pytest.raises(ActorStopped, match=r"collector worker 1 \(Ray actor\)"):
+            next(batches)
+    finally:
+        collector.shutdown()
+
+
+def test_an_actor_that_fails_stops_the_run_cleanly(shared_ray, tiny_config) -> None:
+    config = tiny_config(
+        f"env.name=tests.faulty_envs:{faulty_envs.RAISES_AT_1100}",
+        *RAY_RUN,
+        "collector.total_frames=4000",
+    )
+    with pytest.raises(RunFailed, match=r"while collecting .* worker \d \(Ray actor\)") as failure:
+        train(config)
+    assert "simulated physics failure" in str(failure.value)
+    # Sync actors step in lockstep with the learner (100 frames each per batch): the fault
+    # comes at 2,200 frames, after the checkpoint at 2,000, which is intact.
+    named = Path(re.search(r"last good checkpoint: (\S+);", str(failure.value)).group(1))
+    assert named.name == "checkpoint-000000002000"
+    assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
+
+
+def test_a_run_resumes_on_new_actors_under_new_trajectory_ids(shared_ray, tiny_config) -> None:
+    train(tiny_config(*RAY_RUN, "collector.total_frames=600"))  # episodes cut mid-way
+    config = tiny_config(*RAY_RUN)
+    _, stored, rows = resume_in_process(config)
+    assert [row["frames"] for row in rows] == list(range(200, 1201, 200))
+    assert len(stored) == 1200
+    # Each trajectory id is one episode: its frames, in the order stored, follow one another
+    # (a resumed actor starting a new episode under an id of before would break the chain).
+    for trajectory in stored[TRAJECTORY_KEY].unique():
+        frames = stored[stored[TRAJECTORY_KEY] == trajectory]
+        ended = frames["next", "done"].reshape(-1)[:-1]
+        follows = (frames["next", "observation"][:-1] == frames["observation"][1:]).all(-1)
+        assert (ended | follows).all(), f"trajectory {int(trajectory)} holds two episodes"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def answers(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path, monkeypatch) -> None:
+    # A cluster of this test alone: without Ray's token authentication, whose one token per
+    # user (~/.ray/auth_token) other Ray clusters of this user may hold.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    port = free_port()
+    head = subprocess.Popen(
+        [PYTHON, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+         "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
+         "--include-dashboard=false", "--disable-usage-stats"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        wait_for("the Ray head to answer", lambda: answers(port), timeout=30)
+        run_dir = tmp_path / "run"
+        done = run_train(
+            tmp_path, *TINY_RUN, *RAY_RUN, f"ray.address=127.0.0.1:{port}",
+            f"run_dir={run_dir}", "collector.total_frames=400",
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert [row["frames"] for row in read_metrics(run_dir)] == [200, 400]
+        assert head.poll() is None and answers(port)  # the cluster is still up
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
+        # The head leaves its address where a later ray.init() without one would look.
+        current = Path("/tmp/ray/ray_current_cluster")
+        if current.exists() and current.read_text().strip().endswith(f":{port}"):
+            current.unlink()
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["ray.address=127.0.0.1:{port}"], "ray.address='127.0.0.1:{port}' is unreachable"),
+        (
+            [f"collector.workers={machine_cpus() + 1}", "ray.worker_cpus=1", "ray.sync=false"],
+            "ray.worker_cpus",
+        ),
+        (["collector.device=cuda"], "collector.device"),
+    ],
+    ids=["unreachable_address", "more_cpus_than_the_machine", "actors_on_a_gpu"],
+)
+def test_what_ray_cannot_run_is_refused_before_anything_is_created(
+    tmp_path: Path, args: list[str], named: str
+) -> None:
+    port = free_port()
+    args = [arg.format(port=port) for arg in args]
+    result = run_train(tmp_path, *TINY_RUN, *RAY_RUN, f"run_dir={tmp_path / 'run'}", *args)
+    assert result.returncode == 2, result.stderr
+    assert named.format(port=port) in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+# Runs train.py where Python's path finder finds no module ``ray``, as on a machine without it.
+WITHOUT_RAY = """
+import importlib.machinery, sys
+class PathFinderWithoutRay(importlib.machinery.PathFinder):
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "ray" or name.startswith("ray."):
+            return None
+        return super().find_spec(name, path, target)
+sys.meta_path = [
+    PathFinderWithoutRay if finder is importlib.machinery.PathFinder else finder
+    for finder in sys.meta_path
+]
+sys.path.insert(0, {root!r})
+import train
+sys.exit(train.main({args!r}))
+"""
+
+
+def test_a_ray_run_without_ray_installed_is_refused(tmp_path: Path) -> None:
+    args = [*TINY_RUN, *RAY_RUN, f"run_dir={tmp_path / 'run'}"]
+    program = WITHOUT_RAY.format(root=str(ROOT), args=args)
+    result = subprocess.run(
+        [PYTHON, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 2, result.stderr
+    assert "collector.mode=ray needs Ray" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(tmp_path.iterdir()) == []
