@@ -38,7 +38,7 @@ from torchrl.data import (
     TensorDictReplayBuffer,
     TensorDictRoundRobinWriter,
 )
-from torchrl.envs import SerialEnv
+from torchrl.envs import EnvBase, SerialEnv
 from torchrl.envs.utils import RandomPolicy
 from torchrl.modules import LSTMModule, set_recurrent_mode
 from torchrl.weight_update import MultiProcessWeightSyncScheme
@@ -198,6 +198,36 @@ def test_closing_a_serial_env_still_raises_the_thread_count() -> None:
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
+
+
+class Stopped(Exception):
+    """What a stop raises in the middle of building a batch of envs."""
+
+
+def pendulum_or_stop(index: int, stop_at: int, built: list[int]) -> EnvBase:
+    built.append(index)
+    if len(built) == stop_at:
+        raise Stopped
+    return make_env(EnvConfig(name="Pendulum-v1"), index)
+
+
+def test_a_batch_whose_envs_failed_to_start_still_refuses_to_close() -> None:
+    # SerialEnv builds one env for its specs, then each of its own at the first reset:
+    # the third build (the second of its own) is stopped.
+    for close in (lambda env: env.close(), close_keeping_threads):
+        built: list[int] = []
+        env = SerialEnv(
+            2,
+            functools.partial(pendulum_or_stop, stop_at=3, built=built),
+            create_env_kwargs=[{"index": 0}, {"index": 1}],
+        )
+        with pytest.raises(Stopped if close is close_keeping_threads else RuntimeError) as error:
+            try:
+                env.reset()
+            finally:
+                close(env)
+        if close is not close_keeping_threads:  # TorchRL's close masks the stop
+            assert "trying to close a closed environment" in str(error.value)
 
 
 def test_an_unrolled_lstm_still_writes_zeros_before_the_last_step() -> None:

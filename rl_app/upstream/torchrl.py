@@ -239,10 +239,15 @@ def close_keeping_threads(env: BatchedEnvBase) -> None:
     it was. TorchRL's ``close`` sets it to ``min(the count at import, now + workers)``, even
     for a ``SerialEnv``, which never lowered it: after one evaluation a run with
     ``threads=1`` would compute its updates on more threads, and float rounding would
-    change what it learns. Test: ``test_closing_a_serial_env_still_raises_the_thread_count``."""
+    change what it learns. Test: ``test_closing_a_serial_env_still_raises_the_thread_count``.
+
+    A batch whose envs failed to start (a stop dropping the evaluation as they were built)
+    counts as closed already, and TorchRL's ``close`` raises for it: not here, so that the
+    exception that stopped it is the one that propagates. Test:
+    ``test_a_batch_whose_envs_failed_to_start_still_refuses_to_close``."""
     threads = torch.get_num_threads()
     try:
-        env.close()
+        env.close(raise_if_closed=False)
     finally:
         torch.set_num_threads(threads)
 
