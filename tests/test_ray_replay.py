@@ -13,6 +13,10 @@ from pathlib import Path
 import pytest
 import ray
 import torch
+from tensordict.nn import TensorDictModule
+from torch import nn
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.envs import GymEnv
 
 from rl_app.checkpointing import choose_checkpoint, load_component
 from rl_app.checks import load_config, machine_cpus
@@ -22,6 +26,7 @@ from rl_app.loop import Progress, run_iterations
 from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY
 from rl_app.replay.service import STORED_METRIC
 from rl_app.run import build_run
+from rl_app.upstream.ray import TruthfulCollector, warm_up_frames
 from tests.helpers import TINY_RUN, run_train
 
 pytestmark = pytest.mark.ray
@@ -55,6 +60,41 @@ def test_a_run_through_train_py_counts_what_it_collected_and_reports_what_it_sto
     progress = Progress()
     load_component(checkpoint, "progress", progress)
     assert progress.frames == 800
+
+
+class Push(nn.Module):
+    """A policy that always pushes with 0.5, which a random Pendulum action never is."""
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return torch.full((*observation.shape[:-1], 1), 0.5)
+
+
+def test_collectors_sharing_a_buffer_store_the_random_frames_asked_for() -> None:
+    # Two of the collectors the actors run, extending one buffer as they would the service,
+    # each handed what RayCollector hands an actor of init_random_frames=400.
+    buffer = TensorDictReplayBuffer(storage=LazyTensorStorage(1000))
+    share = warm_up_frames(400, 2, shared_buffer=True) // 2
+    policy = TensorDictModule(Push(), in_keys=["observation"], out_keys=["action"])
+    collectors = [
+        TruthfulCollector(
+            lambda: GymEnv("Pendulum-v1"),
+            policy,
+            frames_per_batch=100,
+            total_frames=-1,
+            init_random_frames=share,
+            replay_buffer=buffer,
+        )
+        for _ in range(2)
+    ]
+    try:
+        for _ in range(4):  # in turn, as synchronous actors
+            for collector in collectors:
+                assert collector.next() is None  # it stored its batch
+    finally:
+        for collector in collectors:
+            collector.shutdown()
+    assert len(buffer) == 800
+    assert int((buffer[:]["action"] != 0.5).sum()) == 400
 
 
 @pytest.fixture(scope="module")
