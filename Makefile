@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-requirements
 
-.PHONY: venv ffmpeg train sweep test test-all test-fast slurm-or-skip bench results play compare lint slurm-up slurm-down clean
+.PHONY: venv ffmpeg train sweep test test-all test-fast slurm-or-skip bench bench-replay-service results play compare lint slurm-up slurm-down clean
 
 venv: $(INSTALLED)
 
@@ -48,6 +48,9 @@ slurm-or-skip:
 
 bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
 	$(PY) -m tools.bench $(ARGS)
+
+bench-replay-service: venv ## The replay buffer in-process vs the Ray replay service: frames/s, batches/s, ratios
+	$(PY) -m tools.bench --only replay_service $(ARGS)
 
 results: venv ## The shipped presets over 5 seeds: docs/results.json and .png, runs/results/results.md
 	$(PY) -m tools.results $(ARGS)

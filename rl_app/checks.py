@@ -18,7 +18,7 @@ from rl_app import config as loading
 from rl_app.algorithms import ALGORITHMS, RunConfig, check_actions, check_algorithm
 from rl_app.config import DEFAULT_PRESET, Config, ConfigError
 from rl_app.envs import checks as env_checks
-from rl_app.envs.atari import check_atari
+from rl_app.envs.atari import check_atari, observes_frames
 from rl_app.rendering import encoder_problem, render_problem
 from rl_app.replay import checks as replay_checks
 
@@ -54,6 +54,7 @@ def check_config(config: Config) -> None:
     check_cudagraphs(config)
     check_collection(config)
     check_ray(config)
+    check_replay_service(config)
     replay_checks.check_value_target(config)
     replay_checks.check_capacity(config)
     replay_checks.check_burn_in(config)
@@ -171,6 +172,43 @@ def check_ray(config: Config) -> None:
             f"collector.workers={config.collector.workers} with "
             f"ray.worker_cpus={config.ray.worker_cpus} asks {asked:g} CPUs, and {where} "
             f"has {cpus:g}: lower either (ray.worker_cpus may be a fraction)"
+        )
+
+
+# What a replay service's actor runs: rl_app's buffer with one of these samplers, and no
+# feature that needs the learner's env or networks.
+SERVICE_SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
+
+
+def check_replay_service(config: Config) -> None:
+    """``replay.service=ray`` is written into by ``collector.mode=ray`` actors, and stores
+    on the CPU what its actor can sample alone: hindsight relabelling (the learner's goal
+    env), Sequence windows, recurrent states (the learner's network) and frames stored
+    once (a transform holding the storage) stay in-process. Its actor reserves no CPU."""
+    replay = config.replay
+    if replay.service == "none":
+        return
+    in_process = "replay.service=none keeps the buffer in the learner's process"
+    if config.collector.mode != "ray":
+        raise ConfigError(
+            f"replay.service=ray needs collector.mode=ray (its actors write into the service), "
+            f"not collector.mode={config.collector.mode!r}; {in_process}"
+        )
+    refused = None
+    if replay.device != "cpu":
+        refused = f"replay.device={replay.device!r}", "its actor stores on the cpu"
+    elif replay.sampler not in SERVICE_SAMPLERS:
+        refused = f"replay.sampler={replay.sampler!r}", f"it runs {', '.join(SERVICE_SAMPLERS)}"
+    elif replay.her_ratio:
+        refused = f"replay.her_ratio={replay.her_ratio:g}", "relabelling needs the goal env: 0"
+    elif config.network.recurrent != "none":
+        refused = f"network.recurrent={config.network.recurrent!r}", "states need the learner"
+    elif observes_frames(config.env.name):
+        refused = f"env.name={config.env.name!r}", "frames stored once need the learner's env"
+    if refused is not None:
+        setting, why = refused
+        raise ConfigError(
+            f"{setting} is not accepted with replay.service=ray ({why}); {in_process}"
         )
 
 

@@ -35,6 +35,7 @@ from rl_app.evaluation import evaluate
 from rl_app.interrupts import Abandoned, StopRequest
 from rl_app.logger import EVAL_KEY, RunLogger
 from rl_app.replay import RunReplayBuffer
+from rl_app.replay.service import ServiceReplay
 from rl_app.video import record_evaluation_video
 
 log = logging.getLogger("rl_app")
@@ -136,7 +137,7 @@ class Run:
     run_dir: Path
     devices: Devices
     algorithm: Algorithm
-    buffer: RunReplayBuffer
+    buffer: RunReplayBuffer | ServiceReplay  # in this process, or a Ray service's
     collector: BaseCollector
     weight_sync: WeightSync
     progress: Progress

@@ -15,9 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tensordict import TensorDictBase
 from torchrl.checkpoint import GlobalRNGState
+from torchrl.envs import EnvBase
 
-from rl_app.algorithms import make_algorithm
+from rl_app.algorithms import Algorithm, make_algorithm
 from rl_app.checkpointing import (
     POLICY_COMPONENT,
     CorruptCheckpoint,
@@ -26,6 +28,7 @@ from rl_app.checkpointing import (
 )
 from rl_app.collection import (
     CollectorState,
+    Devices,
     WeightSync,
     decide_devices,
     make_collector,
@@ -44,7 +47,12 @@ from rl_app.loop import (
     run_iterations,
     summarize,
 )
-from rl_app.replay import allocate_storage, make_replay_buffer, stored_transition
+from rl_app.replay import (
+    RunReplayBuffer,
+    allocate_storage,
+    make_replay_buffer,
+    stored_transition,
+)
 from rl_app.replay.journal import (
     JournaledStorage,
     ReplayState,
@@ -52,6 +60,7 @@ from rl_app.replay.journal import (
     UndoJournal,
     restorable_from,
 )
+from rl_app.replay.service import ServiceReplay, ServiceReplayState
 from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE, JOURNAL_DIR, REPLAY_DIR
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
 from rl_app.upstream.glibc import keep_freed_memory
@@ -110,26 +119,21 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     algorithm = make_algorithm(config, spec_env, devices.learner)
     keys = algorithm.replay_keys()
     transition = stored_transition(spec_env, keys)
-    # A goal env's reward and termination for other goals are functions of the goals alone,
-    # which hindsight relabelling asks of this env after it is closed.
-    buffer = make_replay_buffer(
-        config.replay,
-        run_dir / REPLAY_DIR,
-        config.seed,
-        spec_env,
-        keys=keys,
-        device=devices.learner,
-        recurrent_states=algorithm.recurrent_states if config.network.recurrent != "none" else None,
-    )
-    spec_env.close()
-    try:
-        allocate_storage(buffer, transition)
-    except OSError as error:
-        raise RunFailed(f"the replay buffer cannot take its space: {error.strerror}") from None
-    journal = None
-    if isinstance(buffer.storage, JournaledStorage):
-        journal = UndoJournal(buffer.storage, run_dir / JOURNAL_DIR)
-    collector = make_collector(config, algorithm, devices)
+    if config.replay.service == "ray":
+        spec_env.close()
+        # The collector's actors write into the service it owns (rl_app.replay.service).
+        collector = make_collector(config, algorithm, devices)
+        buffer = ServiceReplay(collector.service, devices.learner)
+        try:
+            buffer.client.allocate(keys, transition)
+        except OSError as error:
+            collector.shutdown()
+            raise RunFailed(f"the replay buffer cannot take its space: {error.strerror}") from None
+        journal, replay_state = None, ServiceReplayState(buffer, collector.drain)
+    else:
+        buffer, journal = make_local_replay(config, algorithm, devices, spec_env, transition)
+        collector = make_collector(config, algorithm, devices)
+        replay_state = ReplayState(buffer, journal)
     progress = Progress()
     logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
     checkpoints = RunCheckpoints(
@@ -138,7 +142,7 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         {
             **algorithm.checkpoint_components(),
             POLICY_COMPONENT: algorithm.policy,
-            "replay_buffer": ReplayState(buffer, journal),
+            "replay_buffer": replay_state,
             "collector": CollectorState(collector),
             "rng": GlobalRNGState(),
             "progress": progress,
@@ -152,6 +156,37 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         config, run_dir, devices, algorithm, buffer, collector, weight_sync, progress,
         checkpoints, logger, PhaseTimer(),
     )  # fmt: skip
+
+
+def make_local_replay(
+    config: Config,
+    algorithm: Algorithm,
+    devices: Devices,
+    spec_env: EnvBase,
+    transition: TensorDictBase,
+) -> tuple[RunReplayBuffer, UndoJournal | None]:
+    """The replay buffer in the learner's process, its storage laid out, and the undo
+    journal checkpoints restore its files with (None in GPU memory). Closes ``spec_env``."""
+    # A goal env's reward and termination for other goals are functions of the goals alone,
+    # which hindsight relabelling asks of this env after it is closed.
+    buffer = make_replay_buffer(
+        config.replay,
+        Path(config.run_dir) / REPLAY_DIR,
+        config.seed,
+        spec_env,
+        keys=algorithm.replay_keys(),
+        device=devices.learner,
+        recurrent_states=algorithm.recurrent_states if config.network.recurrent != "none" else None,
+    )
+    spec_env.close()
+    try:
+        allocate_storage(buffer, transition)
+    except OSError as error:
+        raise RunFailed(f"the replay buffer cannot take its space: {error.strerror}") from None
+    journal = None
+    if isinstance(buffer.storage, JournaledStorage):
+        journal = UndoJournal(buffer.storage, Path(config.run_dir) / JOURNAL_DIR)
+    return buffer, journal
 
 
 def train(

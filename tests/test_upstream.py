@@ -877,3 +877,53 @@ def test_ray_collector_still_stops_at_minus_one_frames_and_splits_the_warm_up() 
         assert "self.collected_frames < self.total_frames" in inspect.getsource(iterator)
     split = "init_random_frames // self.num_collectors"
     assert split in inspect.getsource(RayCollector.__init__)
+
+
+# -- TorchRL 0.14.1's replay buffer as a Ray service (rl_app.upstream.ray) -------------------
+
+
+def test_a_prioritized_tensordict_buffer_still_cannot_be_a_ray_service() -> None:
+    from torchrl.data import RayReplayBuffer, TensorDictPrioritizedReplayBuffer
+
+    # RayReplayBuffer hands the buffer class delayed_init, which this one does not take.
+    assert "delayed_init=delayed_init" in inspect.getsource(RayReplayBuffer.__init__)
+    parameters = inspect.signature(TensorDictPrioritizedReplayBuffer.__init__).parameters
+    assert "delayed_init" not in parameters
+    assert not any(item.kind is item.VAR_KEYWORD for item in parameters.values())
+
+
+def test_a_ray_service_still_reserves_a_cpu_by_default() -> None:
+    from torchrl.collectors.distributed.ray import DEFAULT_REMOTE_CLASS_CONFIG
+    from torchrl.data import RayReplayBuffer
+
+    assert DEFAULT_REMOTE_CLASS_CONFIG["num_cpus"] == 1
+    # Without a remote_config, the service's actor is made with that default.
+    assert "remote_config = DEFAULT_REMOTE_CLASS_CONFIG" in inspect.getsource(
+        RayReplayBuffer.as_remote
+    )
+
+
+def test_a_collector_writing_into_a_buffer_still_counts_the_buffer_s_frames() -> None:
+    from rl_app.upstream.ray import TruthfulCollector, warm_up_frames
+
+    # Each step asks the (shared) buffer's count, not the actor's own share of frames.
+    source = inspect.getsource(Collector._should_use_random_frames)
+    assert "self.replay_buffer.write_count < self.init_random_frames" in source
+    assert "_should_use_random_frames()" in inspect.getsource(Collector.rollout)
+    assert "_should_use_random_frames" in vars(TruthfulCollector)
+    # Handed to RayCollector, which gives each of 2 actors half: each then waits for 400.
+    assert warm_up_frames(400, 2, shared_buffer=True) // 2 == 400
+    assert warm_up_frames(401, 2, shared_buffer=False) // 2 == 201
+
+
+def test_ray_collection_into_a_buffer_still_leaves_batches_in_flight() -> None:
+    from torchrl.collectors.distributed import RayCollector
+
+    # Asynchronous: the frame count adds a whole batch per batch, and at the end waits for
+    # the batches still in flight, which land in the buffer uncounted.
+    iterator = inspect.getsource(RayCollector._async_iterator)
+    assert "self.collected_frames += self.frames_per_batch" in iterator
+    assert "ray.wait(refs, num_returns=len(refs))" in iterator
+    # pause() stops the thread that asks for batches, not the batches it asked for.
+    pause = inspect.getsource(RayCollector.pause)
+    assert "thread.join" in pause and "ray.wait" not in pause and "ray.get" not in pause

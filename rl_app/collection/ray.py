@@ -13,16 +13,20 @@ while the others keep collecting.
   shuts it down with the collector; a set one is joined and left running;
 - trajectory ids unique across actors and resumes (each actor numbers its own);
 - an actor that died or raised is named (:class:`ActorStopped`), so that the run stops at
-  that iteration boundary with its last checkpoint intact.
+  that iteration boundary with its last checkpoint intact;
+- with ``replay.service=ray``, the replay buffer as a Ray service
+  (:mod:`rl_app.replay.service`), built once Ray is joined, shut down with the actors that
+  write into it; each actor extends it and hands the learner only what the loop counts and
+  logs of its batch; :meth:`RayCollection.drain` waits for the batches in flight to land.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -32,9 +36,17 @@ from torchrl.collectors.distributed import RayCollector
 
 from rl_app.checks import machine_cpus
 from rl_app.config import Config
-from rl_app.envs import env_factory, worker_seed
+from rl_app.envs import SUCCESS_KEY, env_factory, worker_seed
 from rl_app.replay import TRAJECTORY_KEY
-from rl_app.upstream.ray import TruthfulCollector, actor_id, quiet_construction_warnings
+from rl_app.replay.service import ServiceReplayBuffer, service_parts
+from rl_app.rundir import REPLAY_DIR
+from rl_app.upstream.ray import (
+    TruthfulCollector,
+    actor_id,
+    quiet_construction_warnings,
+    service_buffer,
+    warm_up_frames,
+)
 from rl_app.upstream.torchrl import UNBOUNDED_FRAMES
 
 
@@ -75,14 +87,48 @@ class CollectionFailed(RuntimeError):
         self.what = what
 
 
+# What the learner gets of a batch an actor wrote into the replay service: what the loop
+# counts and logs (frames, ended episodes and their returns, the policy version acted with).
+SUMMARY_KEYS = (
+    TRAJECTORY_KEY, ("next", "done"), ("next", "episode_reward"), ("next", "policy_version"),
+    ("next", SUCCESS_KEY),
+)  # fmt: skip
+
+
 class ActorCollector(TruthfulCollector):
-    """The collector each actor runs: TorchRL's, its failures naming the actor."""
+    """The collector each actor runs: TorchRL's, its failures naming the actor. Writing
+    into a replay service, it returns the summary of the batch it stored (TorchRL's
+    returns None): what the learner counts is what landed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stored = 0  # frames this actor wrote into the replay service
+        self.summary: TensorDictBase | None = None
+        if self.replay_buffer is not None:
+            # TorchRL calls the hook on each batch just before storing it.
+            self.post_collect_hook = functools.partial(self.summarize, self.post_collect_hook)
+
+    def summarize(
+        self, hook: Callable[[TensorDictBase], None] | None, batch: TensorDictBase
+    ) -> None:
+        if hook is not None:
+            hook(batch)
+        self.summary = batch.select(*SUMMARY_KEYS, strict=False).clone()
 
     def next(self) -> TensorDictBase | None:
         try:
-            return super().next()
+            batch = super().next()
         except Exception as error:
             raise CollectionFailed(self.worker_idx, f"{type(error).__name__}: {error}") from error
+        if batch is None and self.summary is not None:
+            batch, self.summary = self.summary, None
+            self.stored += batch.numel()
+        return batch
+
+    def stored_frames(self) -> int:
+        """The frames this actor wrote into the replay service: answered once the batch it
+        is collecting, if any, has landed (an actor runs its calls one at a time)."""
+        return self.stored
 
 
 def interleave_trajectory_ids(worker: int, workers: int, batch: TensorDictBase) -> None:
@@ -95,13 +141,24 @@ class RayCollection(RayCollector):
     """TorchRL's ``RayCollector`` on the runtime :func:`connect_ray` joined; see the module
     docstring."""
 
-    def __init__(self, env_name: str, address: str | None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        env_name: str,
+        address: str | None,
+        replay_service: Callable[[], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.env_name = env_name
         self.connected = connect_ray(address)
+        # The replay service's owner, built on this Ray: the actors write into it.
+        self.service = None
         try:
+            if replay_service is not None:
+                self.service = replay_service()
             with quiet_construction_warnings():
-                super().__init__(**kwargs)
+                super().__init__(replay_buffer=self.service, **kwargs)
         except BaseException:
+            self.close_service()
             self.disconnect()
             raise
         self.actor_ids = [actor_id(actor) for actor in self.remote_collectors]
@@ -120,6 +177,13 @@ class RayCollection(RayCollector):
         with self.naming_stopped_actors():
             return super().state_dict()
 
+    def drain(self) -> int:
+        """Wait until every batch in flight (asynchronous actors keep collecting between
+        the learner's batches) has landed in the replay service; the frames the actors have
+        written into it. TorchRL's ``pause()`` leaves them in flight."""
+        with self.naming_stopped_actors():
+            return sum(ray.get([actor.stored_frames.remote() for actor in self.remote_collectors]))
+
     @contextmanager
     def naming_stopped_actors(self) -> Iterator[None]:
         try:
@@ -136,7 +200,13 @@ class RayCollection(RayCollector):
         try:
             super().shutdown(timeout, shutdown_ray=False)
         finally:
+            self.close_service()  # after the actors that write into it
             self.disconnect()
+
+    def close_service(self) -> None:
+        if self.service is not None:
+            self.service.shutdown()
+            self.service = None
 
     def disconnect(self) -> None:
         if self.connected:
@@ -144,15 +214,27 @@ class RayCollection(RayCollector):
             ray.shutdown()
 
 
+def make_replay_service(config: Config) -> Any:
+    """The replay service's owner (a TorchRL ``RayReplayBuffer``): one actor holding the
+    buffer :func:`rl_app.replay.service.service_parts` describes, reserving no CPU."""
+    scratch_dir = Path(config.run_dir) / REPLAY_DIR
+    return service_buffer(
+        ServiceReplayBuffer, **service_parts(config.replay, scratch_dir, config.seed)
+    )
+
+
 def make_ray_collector(
     config: Config, policy_factory: Callable[..., Any], devices: Any
 ) -> RayCollection:
     """``collector.workers`` actors of ``env.num_envs`` envs each, each reserving
-    ``ray.worker_cpus`` CPUs (``rl_app.checks`` refused a cluster without them)."""
+    ``ray.worker_cpus`` CPUs (``rl_app.checks`` refused a cluster without them); with
+    ``replay.service=ray``, writing into the replay service this builds."""
     settings, workers = config.collector, config.collector.workers
+    service = config.replay.service == "ray"
     return RayCollection(
         config.env.name,
         config.ray.address,
+        functools.partial(make_replay_service, config) if service else None,
         create_env_fn=[
             env_factory(config.env, worker_seed(config.seed, worker), network=config.network)
             for worker in range(workers)
@@ -162,8 +244,7 @@ def make_ray_collector(
         sync=config.ray.sync,
         frames_per_batch=settings.frames_per_batch,
         total_frames=UNBOUNDED_FRAMES,
-        # Each actor counts its own frames and gets init_random_frames // workers.
-        init_random_frames=workers * math.ceil(settings.init_random_frames / workers),
+        init_random_frames=warm_up_frames(settings.init_random_frames, workers, service),
         collector_class=ActorCollector,
         collector_kwargs=[
             {

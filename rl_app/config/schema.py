@@ -227,6 +227,12 @@ class ReplayConfig:
         "where replay data are stored: cpu (memory-mapped files in the run directory) | cuda | "
         "cuda:N (GPU memory: no host-to-GPU copy per batch)",
     )
+    service: str = setting(
+        "none",
+        "none (the buffer lives in the learner's process) | ray (a Ray actor owns it, and the "
+        "collector.mode=ray actors write their batches into it directly)",
+        choices=("none", "ray"),
+    )
 
 
 @dataclass

@@ -20,6 +20,9 @@ from the settings that ask for it; a run that does not ask for it never runs its
   updates (a write-back part), with a recurrent network;
 - :mod:`~rl_app.replay.journal`: the undo journal that checkpoints restore the storage with.
 
+The same buffer may instead live in a Ray actor that the ``collector.mode=ray`` actors
+write into (``replay.service=ray``): :mod:`~rl_app.replay.service`.
+
 Adding one: write its module here; switch it on in :func:`make_replay_buffer` from its
 settings; put the checks of those settings in ``rl_app/replay/checks.py``; test it in
 ``tests/`` beside the tests of the part it extends (``tests/test_replay.py`` shows that a

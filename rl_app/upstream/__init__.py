@@ -13,7 +13,8 @@ failing (or can be deleted) once the library changes that behaviour.
   data, the prioritized slice sampler's slice starts recomputed over the buffer after every
   extend, HERReplayBuffer's hooks, the bytes a buffer keeps per slot).
 - :mod:`rl_app.upstream.ray`: Ray 2.60.0 with TorchRL 0.14.1's ``RayCollector`` (which actor
-  stopped, a collector actor's truth, warnings that do not apply, an endless collector);
+  stopped, a collector actor's truth, warnings that do not apply, an endless collector, the
+  random warm-up of actors sharing a buffer, a replay buffer owned by a Ray actor);
   imported by ``collector.mode=ray`` only.
 - :mod:`rl_app.upstream.torch`: torch 2.14.1 (how inductor splits a compiled loss, its
   CUDA_HOME warning on machines without CUDA, FLOPs counted as they run).

@@ -4,12 +4,15 @@ of their behaviours (the index is in :mod:`rl_app.upstream`). Imported only by
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from ray.actor import ActorHandle
 from torchrl.collectors import Collector
+from torchrl.data import ReplayBuffer
 
 # -- 1. which actor a failure came from ----------------------------------------------------
 
@@ -21,7 +24,8 @@ def actor_id(actor: ActorHandle) -> str:
 
 
 class TruthfulCollector(Collector):
-    """TorchRL's ``Collector`` as a Ray actor whose errors reach the learner.
+    """TorchRL's ``Collector`` as a Ray actor whose errors reach the learner, and which
+    stops asking a shared buffer for its count once its random warm-up is over.
 
     Ray tests the truth of an actor when it stores the error one of its methods raised. A
     ``Collector`` takes its truth from ``__len__``, which for the endless collectors
@@ -31,6 +35,20 @@ class TruthfulCollector(Collector):
 
     def __bool__(self) -> bool:
         return True
+
+    # Once a shared buffer holds the warm-up's frames it always will: stop asking.
+    _warmed_up = False
+
+    def _should_use_random_frames(self) -> bool:
+        """TorchRL's test, asked once per env step; with a buffer owned by a Ray service
+        (TorchRL reads its ``write_count``) that is a blocking call on the service's actor
+        per step, for the whole run: here only until the warm-up is over. Test:
+        ``test_a_collector_writing_into_a_buffer_still_counts_the_buffer_s_frames``."""
+        if self._warmed_up:
+            return False
+        random = super()._should_use_random_frames()
+        self._warmed_up = not random and self.replay_buffer is not None
+        return random
 
 
 # -- 2. warnings that do not apply to rl_app's Ray collector -------------------------------
@@ -61,3 +79,43 @@ NOT_APPLYING = ("The policy is not an nn.Module", "async distributed data collec
 # yields nothing, so an endless one is given rl_app.upstream.torchrl.UNBOUNDED_FRAMES; and it
 # hands each actor ``init_random_frames // num_collectors``. Test:
 # ``test_ray_collector_still_stops_at_minus_one_frames_and_splits_the_warm_up``.
+
+
+def warm_up_frames(init_random_frames: int, workers: int, shared_buffer: bool) -> int:
+    """What to hand ``RayCollector(init_random_frames=...)`` for ``init_random_frames``
+    random frames in all: it gives each of its ``workers`` actors a ``// workers`` share.
+    An actor counts its own frames against it, so the shares add up to the request (each
+    rounded up to whole frames); but an actor writing into a shared buffer counts the
+    buffer's frames, everyone's (``Collector._should_use_random_frames`` reads its
+    ``write_count``): each actor's share is then the whole request. Test:
+    ``test_a_collector_writing_into_a_buffer_still_counts_the_buffer_s_frames``."""
+    if shared_buffer:
+        return workers * init_random_frames
+    return workers * math.ceil(init_random_frames / workers)
+
+
+# -- 4. a replay buffer owned by a Ray actor -------------------------------------------------
+
+
+def service_buffer(buffer_class: type[ReplayBuffer], **parts: Any) -> ReplayBuffer:
+    """``buffer_class(**parts)`` built inside one Ray actor, TorchRL's
+    ``service_backend="ray"``; its owner (a ``RayReplayBuffer``) is returned.
+
+    - TorchRL 0.14.1 hands the class ``delayed_init``, which its
+      ``TensorDictPrioritizedReplayBuffer`` does not take (``TypeError``): priorities come
+      from a ``TensorDictReplayBuffer`` subclass with a ``PrioritizedSampler`` (what
+      ``replay.sampler`` builds anyway). Test: ``test_a_prioritized_tensordict_buffer_
+      still_cannot_be_a_ray_service``.
+    - The actor would reserve TorchRL's default 1 CPU (and 2 GiB, and a GPU share on a CUDA
+      host): next to collector actors that reserve the machine's CPUs, Ray would leave it
+      waiting for ever. It reserves none: it works only when asked. Test:
+      ``test_a_ray_service_still_reserves_a_cpu_by_default``.
+
+    Data travel through Ray's object store (``transport="ray"``): TorchRL's
+    ``"distributed"`` transport cannot write priorities per index."""
+    return buffer_class(
+        **parts,
+        service_backend="ray",
+        service_backend_options={"remote_config": {"num_cpus": 0}},
+        transport="ray",
+    )

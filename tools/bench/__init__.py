@@ -2,8 +2,8 @@
 
 Sections (``--only update,training,...`` picks some), measured one after the other, each in
 a module of its own (:mod:`tools.bench.machine`, ``.update``, ``.training``,
-``.checkpoint``, ``.pixels``, ``.collection``, ``.sb3``, ``.gpu``; what several share is in
-:mod:`tools.bench.shared`, the command in :mod:`tools.bench.__main__`):
+``.checkpoint``, ``.pixels``, ``.collection``, ``.replay_service``, ``.sb3``, ``.gpu``;
+what several share is in :mod:`tools.bench.shared`, the command in :mod:`tools.bench.__main__`):
 - machine: platform, cores, versions, and the measured float32 matmul rate of one thread;
 - update: one SAC update step of the default preset in each of ``UPDATE_VARIANTS`` (each
   speed lever alone, together, the compiled loss with our forward/backward split and with
@@ -27,6 +27,9 @@ a module of its own (:mod:`tools.bench.machine`, ``.update``, ``.training``,
   1 and 2 SLURM collection jobs (distributed, when SLURM is here) acting with the SAC
   actor, next to the raw Gymnasium step rate of the same env (the ceiling),
   and each mode's end-to-end training frames/s at the default update-to-data ratio;
+- replay_service: the replay buffer in the learner's process next to the Ray replay service
+  (``replay.service=ray``), both fed by two asynchronous Ray collector actors: frames/s
+  collected into it, batches/s the learner samples from it, and their ratios;
 - sb3: the same SAC workload as Stable-Baselines3 (``SB3_WORKLOAD``; ours with async
   collection and the compiled loss), run interleaved
   (ours, SB3, ours, SB3), each final agent scored on the same 10 fixed reset seeds; medians
