@@ -164,6 +164,8 @@ def check_ray(config: Config) -> None:
             "collector.mode=ray: Ray actors act on the CPU (cpu)"
         )
     address = config.ray.address
+    if address is None and config.launcher == "slurm":
+        return  # the job starts its own Ray: rl_app.launch.slurm counts the job's allocation
     cpus = ray_cluster_cpus(address) if address else float(machine_cpus())
     asked = config.collector.workers * config.ray.worker_cpus
     if asked > cpus:

@@ -288,6 +288,9 @@ class SlurmConfig:
     time_min: int | None = setting(None, "time limit in minutes (unset: the profile's)")
     gpus_per_node: int | None = setting(None, "GPUs for the job (unset: the profile's)")
     cpus_per_task: int | None = setting(None, "CPUs for the job (unset: the profile's)")
+    nodes: int | None = setting(
+        None, "nodes for the job, collector.mode=ray only (unset: the profile's, 1)"
+    )
     mem_gb: int | None = setting(None, "memory in GB (unset: the profile's)")
     constraint: str | None = setting(None, "node constraint (unset: the profile's)")
     signal_delay_s: int | None = setting(None, "USR2 this long before the time limit")

@@ -5,7 +5,9 @@ launcher is :func:`rl_app.run.train` itself); ``launcher=slurm`` submits the sam
 - :mod:`rl_app.launch.cluster`: SLURM job settings, profiles and the submitit executor;
 - :mod:`rl_app.launch.job`: what a SLURM job runs, a run or a sweep's worker (a save and a
   requeue on preemption);
-- :mod:`rl_app.launch.slurm`: submitting a run, a job array or a sweep's workers.
+- :mod:`rl_app.launch.slurm`: submitting a run, a job array or a sweep's workers;
+- :mod:`rl_app.launch.ray_cluster`: a Ray cluster on the job's own nodes, for
+  ``collector.mode=ray`` with ``ray.address`` unset.
 
 Scale-out code (these modules, :mod:`rl_app.collection.workers` and
 :mod:`rl_app.collection.distributed`) is imported by the core only through two doors:

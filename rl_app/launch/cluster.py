@@ -40,7 +40,8 @@ class JobSettings:
     qos: str | None = None
     time_min: int = 60
     gpus_per_node: int = 0
-    cpus_per_task: int = 1
+    cpus_per_task: int = 1  # on each node
+    nodes: int = 1  # more only for a Ray cluster in the job (rl_app.launch.ray_cluster)
     mem_gb: int | None = None
     constraint: str | None = None
     signal_delay_s: int = 90
@@ -94,6 +95,7 @@ def collection_job_settings(slurm: Any) -> JobSettings:
     settings = dataclasses.replace(
         job_settings(slurm),
         gpus_per_node=0,
+        nodes=1,
         signal_delay_s=0,
         max_requeues=0,
         **{key: value for key, value in collector_overrides.items() if value is not None},
@@ -110,10 +112,10 @@ def check_collection_jobs(config: Config) -> None:
 
 def check_settings(settings: JobSettings, source: str) -> None:
     """Types and ranges, before the cluster is asked anything."""
-    for key in ("time_min", "gpus_per_node", "cpus_per_task", "mem_gb", "signal_delay_s",
-                "max_requeues"):  # fmt: skip
+    for key in ("time_min", "gpus_per_node", "cpus_per_task", "nodes", "mem_gb",
+                "signal_delay_s", "max_requeues"):  # fmt: skip
         value = getattr(settings, key)
-        least = 1 if key in ("time_min", "cpus_per_task", "mem_gb") else 0
+        least = 1 if key in ("time_min", "cpus_per_task", "nodes", "mem_gb") else 0
         if value is not None and (not isinstance(value, int) or value < least):
             raise ConfigError(
                 f"slurm.{key}={value!r} ({source}) is out of range: give an integer >= {least}"
@@ -173,8 +175,11 @@ def gpu_count(gres: str) -> int:
     return max((int(n) for n in re.findall(r"gpu(?::[\w.-]+)?:(\d+)", gres)), default=0)
 
 
-def make_executor(folder: Path, settings: JobSettings, name: str) -> submitit.AutoExecutor:
-    """A fresh executor per job (submitit keeps a parameter once set, even set to None)."""
+def make_executor(
+    folder: Path, settings: JobSettings, name: str, setup: list[str] | None = None
+) -> submitit.AutoExecutor:
+    """A fresh executor per job (submitit keeps a parameter once set, even set to None);
+    ``setup``: lines the job's script runs before Python starts."""
     executor = submitit.AutoExecutor(
         folder=folder, cluster="slurm", slurm_max_num_timeout=settings.max_requeues
     )
@@ -189,14 +194,14 @@ def make_executor(folder: Path, settings: JobSettings, name: str) -> submitit.Au
     }
     executor.update_parameters(
         name=name,
-        nodes=1,
+        nodes=settings.nodes,
         tasks_per_node=1,
         timeout_min=settings.time_min,
         cpus_per_task=settings.cpus_per_task,
         slurm_signal_delay_s=settings.signal_delay_s,
         slurm_additional_parameters=dict(settings.sbatch_extra),
         # The job unpickles rl_app.launch.job.TrainJob: make rl_app importable from any directory.
-        slurm_setup=[f"export PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}}"],
+        slurm_setup=[f"export PYTHONPATH={ROOT}${{PYTHONPATH:+:$PYTHONPATH}}", *(setup or [])],
         **{key: value for key, value in optional.items() if value is not None},
     )
     return executor

@@ -117,9 +117,13 @@ class TrainJob(PreemptibleJob):
         show_run_log()
         run_dir = Path(self.config.run_dir)
         with self.preemptible(run_dir) as requeue:
-            result = train_attempt(self.config)
+            result = self.attempt()
         end_attempt(run_dir, result, self.config.collector.total_frames, requeue)
         return result
+
+    def attempt(self) -> TrainResult:
+        """One attempt at the run, up to its end or a stop on USR2."""
+        return train_attempt(self.config)
 
 
 class WorkerJob(PreemptibleJob):

@@ -2,7 +2,9 @@
 
 The validated config becomes one job, or one job array with ``slurm.array=KEY=V1,V2,...``
 (a run directory per value); the cluster settings are checked first
-(:mod:`rl_app.launch.cluster`). Each job runs :class:`rl_app.launch.job.TrainJob`.
+(:mod:`rl_app.launch.cluster`). Each job runs :class:`rl_app.launch.job.TrainJob`, or, for
+``collector.mode=ray`` with ``ray.address`` unset, :class:`rl_app.launch.ray_cluster.RayTrainJob`
+on a Ray cluster of the job's own nodes.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
     """Validate the SLURM settings (and each array task's config), then submit: one job,
     or one job array when ``slurm.array`` is set. Raises :class:`ConfigError`."""
     settings = job_settings(config.slurm)
+    check_job_ray(config, settings)
     check_cluster(settings)
     check_collection_jobs(config)
     if config.slurm.array is None:
@@ -100,11 +103,17 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
         Path(task.run_dir).mkdir(parents=True, exist_ok=True)
         (Path(task.run_dir) / CONFIG_FILE).write_text(to_yaml(task))
 
+    setup = None
+    if runs_job_ray(config):
+        from rl_app.launch.ray_cluster import job_setup
+
+        setup = job_setup(folder)
     jobs = submit_jobs(
         folder,
         settings,
         f"rl_app-{Path(config.run_dir).name}",
-        [TrainJob(task, settings.max_requeues) for _, task in tasks],
+        [make_job(task, settings) for _, task in tasks],
+        setup,
     )
     submitted = [
         SubmittedJob(job.job_id, Path(task.run_dir), job.paths.stdout, job.paths.stderr, label)
@@ -115,12 +124,51 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
     return submitted
 
 
+def runs_job_ray(config: Config) -> bool:
+    """Whether the job starts a Ray cluster of its own (rather than join ``ray.address``)."""
+    return config.collector.mode == "ray" and config.ray.address is None
+
+
+def check_job_ray(config: Config, settings: JobSettings) -> None:
+    """Several nodes serve a Ray cluster of the job only; its actors must fit the job's
+    allocation, not this host (Ray would leave an actor it cannot place waiting for ever)."""
+    if not runs_job_ray(config):
+        if settings.nodes > 1:
+            raise ConfigError(
+                f"slurm.nodes={settings.nodes} is not accepted: a job of several nodes runs a "
+                "Ray cluster for collector.mode=ray with ray.address unset; give 1"
+            )
+        return
+    cpus = settings.nodes * settings.cpus_per_task
+    asked = config.collector.workers * config.ray.worker_cpus
+    if asked > cpus:
+        raise ConfigError(
+            f"collector.workers={config.collector.workers} with "
+            f"ray.worker_cpus={config.ray.worker_cpus} asks {asked:g} CPUs, and the job's "
+            f"allocation has {cpus} (slurm.nodes={settings.nodes} x slurm.cpus_per_task="
+            f"{settings.cpus_per_task}): lower the first two or raise the last two"
+        )
+
+
+def make_job(config: Config, settings: JobSettings) -> TrainJob:
+    if runs_job_ray(config):
+        from rl_app.launch.ray_cluster import RayTrainJob
+
+        return RayTrainJob(config, settings.max_requeues, settings.nodes)
+    return TrainJob(config, settings.max_requeues)
+
+
 def submit_jobs(
-    folder: Path, settings: JobSettings, name: str, callables: list[Callable[[], Any]]
+    folder: Path,
+    settings: JobSettings,
+    name: str,
+    callables: list[Callable[[], Any]],
+    setup: list[str] | None = None,
 ) -> list[submitit.Job]:
-    """One job array, a task per callable, each asking for ``settings``; submitit's files
-    go to ``folder``. sbatch's refusal is a :class:`ConfigError`."""
-    executor = make_executor(folder, settings, name=name)
+    """One job array, a task per callable, each asking for ``settings`` (``setup``: lines
+    its script runs first); submitit's files go to ``folder``. sbatch's refusal is a
+    :class:`ConfigError`."""
+    executor = make_executor(folder, settings, name=name, setup=setup)
     try:
         with executor.batch():  # several submissions in a batch make one job array
             jobs = [executor.submit(callable_) for callable_ in callables]
