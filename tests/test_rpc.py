@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tensordict import TensorDict
 
 from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import checkpoint_candidates, verify_checkpoint
@@ -132,6 +133,15 @@ def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
     assert resumed.returncode == 0, resumed.stderr
     frames = [row["frames"] for row in read_metrics(run_dir)]
     assert frames == list(range(200, 4001, 200))  # from the checkpoint on, none repeated
+    # Each trajectory id is one episode of one worker: its frames, in the order stored,
+    # follow one another (a resumed worker starting a new episode under an id of before, or
+    # two workers sharing one, would break the chain).
+    stored = TensorDict.load_memmap(run_dir / "replay")[:4000]
+    for trajectory in stored[TRAJECTORY_KEY].unique():
+        episode = stored[stored[TRAJECTORY_KEY] == trajectory]
+        ended = episode["next", "done"].reshape(-1)[:-1]
+        follows = (episode["next", "observation"][:-1] == episode["observation"][1:]).all(-1)
+        assert (ended | follows).all(), f"trajectory {int(trajectory)} holds two episodes"
 
 
 def test_a_worker_that_raises_is_named(tmp_path: Path) -> None:
