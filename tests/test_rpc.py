@@ -131,8 +131,10 @@ def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
 
     resumed = run_train(tmp_path, *args)
     assert resumed.returncode == 0, resumed.stderr
-    frames = [row["frames"] for row in read_metrics(run_dir)]
-    assert frames == list(range(200, 4001, 200))  # from the checkpoint on, none repeated
+    rows = read_metrics(run_dir)
+    assert [row["frames"] for row in rows] == list(range(200, 4001, 200))  # none repeated
+    # Gathered batches, weights pushed every iteration: every frame acted with the newest.
+    assert {row["collector/policy_lag"] for row in rows} == {0}
     # Each trajectory id is one episode of one worker: its frames, in the order stored,
     # follow one another (a resumed worker starting a new episode under an id of before, or
     # two workers sharing one, would break the chain).

@@ -1014,6 +1014,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.rpc
 def test_async_rpc_collection_still_mixes_weights_within_a_batch(tmp_path: Path) -> None:
     # The worker applies a push on an RPC thread while its collector steps: a batch
     # collected across a push acts with two versions. rpc mode refuses rpc.sync=false.

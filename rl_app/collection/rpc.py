@@ -87,6 +87,7 @@ class RPCCollection(LaunchedRPCCollector):
         self.env_name = env_name
         self.closed = False
         self.worker_raised = False
+        self.pushes = 0
         try:
             super().__init__(sync=True, **kwargs)
         except BaseException:
@@ -111,6 +112,7 @@ class RPCCollection(LaunchedRPCCollector):
     def update_policy_weights_(self, *args: Any, **kwargs: Any) -> None:
         with self.naming_stopped_workers():
             super().update_policy_weights_(*args, **kwargs)
+        self.pushes += 1
 
     def state_dict(self) -> list[dict[str, Any]]:
         """Each worker's collector state: frame counters and trajectory-id pool."""
@@ -118,8 +120,12 @@ class RPCCollection(LaunchedRPCCollector):
             return [worker.rpc_sync().state_dict() for worker in self.collector_rrefs]
 
     def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        """Each worker's state, but its policy version: a worker's counts the pushes since
+        its run started, the learner's (:class:`rl_app.collection.WeightSync`) those since
+        this process started, which this collector has relayed (``pushes``)."""
         with self.naming_stopped_workers():
             for worker, worker_state in zip(self.collector_rrefs, state, strict=True):
+                worker_state = {**worker_state, "policy_version": self.pushes}
                 worker.rpc_sync().load_state_dict(worker_state)
 
     @contextmanager
