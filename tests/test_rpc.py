@@ -198,3 +198,38 @@ def test_rpc_workers_as_slurm_jobs_feed_a_run_and_end_with_it(
         ended = functools.partial(lambda job: job_state(job) in FINAL_STATES, job)
         wait_for(f"job {job} to be recorded as ended", ended, 60)
         assert job_state(job) == "COMPLETED"
+
+
+@pytest.mark.slurm
+def test_a_cancelled_rpc_job_stops_the_run_naming_it(slurm_cluster: None, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run = subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *TINY_RUN, *RPC_RUN, f"run_dir={run_dir}",
+         "collector.total_frames=4000", "rpc.launcher=slurm", "slurm.profile=local",
+         "collector.address=127.0.0.1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
+        jobs = subprocess.run(
+            ["squeue", "--noheader", "--format=%i", f"--name={run_dir.name}-collect"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        subprocess.run(["scancel", min(jobs)], check=True)
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, stderr
+    assert f"job {min(jobs)} is CANCELLED" in stderr, stderr
+    assert f"{min(jobs)}_0_log.err" in stderr
+    verify_checkpoint(Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1)))
+    wait_for("the other job to be cancelled too", lambda: not queued(set(jobs)), 60)
+
+
+def queued(jobs: set[str]) -> set[str]:
+    """Which of ``jobs`` are still in ``squeue`` (pending, running or completing)."""
+    answer = subprocess.run(
+        ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True
+    )
+    return jobs & set(answer.stdout.split())
