@@ -55,6 +55,7 @@ def check_config(config: Config) -> None:
     check_collection(config)
     check_ray(config)
     check_replay_service(config)
+    check_rpc(config)
     replay_checks.check_value_target(config)
     replay_checks.check_capacity(config)
     replay_checks.check_burn_in(config)
@@ -122,7 +123,7 @@ def check_collection(config: Config) -> None:
             f"collector.total_frames={collector.total_frames} is out of range: "
             f"it must be at least collector.frames_per_batch={collector.frames_per_batch}"
         )
-    gathered = collector.mode == "sync" or (collector.mode == "ray" and config.ray.sync)
+    gathered = collector.mode in ("sync", "rpc") or (collector.mode == "ray" and config.ray.sync)
     if gathered and collector.frames_per_batch % collector.workers:
         raise ConfigError(
             f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: "
@@ -211,6 +212,23 @@ def check_replay_service(config: Config) -> None:
         setting, why = refused
         raise ConfigError(
             f"{setting} is not accepted with replay.service=ray ({why}); {in_process}"
+        )
+
+
+def check_rpc(config: Config) -> None:
+    """``collector.mode=rpc``: workers act on the CPU (TorchRL maps no device for them), and
+    each batch is gathered from all of them."""
+    if config.collector.mode != "rpc":
+        return
+    if config.collector.device != "cpu":
+        raise ConfigError(
+            f"collector.device={config.collector.device!r} is not accepted with "
+            "collector.mode=rpc: RPC workers act on the CPU (cpu)"
+        )
+    if not config.rpc.sync:
+        raise ConfigError(
+            "rpc.sync=false is not accepted: TorchRL's asynchronous RPC collection applies a "
+            "weight push while a worker acts, mixing weights within a batch; accepted: true"
         )
 
 

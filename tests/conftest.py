@@ -16,9 +16,9 @@ from rl_app.upstream.pytest import send_to_group
 from tests.helpers import TINY_RUN, UP_SCRIPT
 
 # The learning checks take a fifth of the suite's time, the SLURM tests share one local
-# cluster and its CPUs, the Ray tests one local Ray: they run one after the other, in one
-# worker.
-SERIAL_MARKERS = ("slow", "slurm", "ray")
+# cluster and its CPUs, the Ray tests one local Ray, the RPC tests start worker processes:
+# they run one after the other, in one worker.
+SERIAL_MARKERS = ("slow", "slurm", "ray", "rpc")
 SERIAL_GROUP = "serial"
 
 

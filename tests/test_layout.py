@@ -13,7 +13,7 @@ PACKAGE = ROOT / "rl_app"
 # Scale-out: worker processes, collection jobs, Ray actors and the SLURM launcher.
 SCALE = (
     "rl_app.collection.workers", "rl_app.collection.distributed", "rl_app.collection.ray",
-    "rl_app.launch", "rl_app.upstream.ray",
+    "rl_app.collection.rpc", "rl_app.launch", "rl_app.upstream.ray",
 )  # fmt: skip
 # The places the core hands work to scale-out code, importing it only when asked to: a
 # collection mode to its backend, and a sweep with ``launcher: slurm`` to the SLURM launcher.

@@ -6,12 +6,15 @@ it where it is no longer needed."""
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib.util
 import inspect
+import os
 import random
 import re
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -927,3 +930,155 @@ def test_ray_collection_into_a_buffer_still_leaves_batches_in_flight() -> None:
     # pause() stops the thread that asks for batches, not the batches it asked for.
     pause = inspect.getsource(RayCollector.pause)
     assert "thread.join" in pause and "ray.wait" not in pause and "ray.get" not in pause
+
+
+# -- TorchRL 0.14.1's RPC collector (rl_app.upstream.torchrl) ---------------------------------
+
+
+def test_rpc_collector_still_shifts_the_first_frames_ids() -> None:
+    from torchrl.collectors.distributed import RPCCollector
+
+    from rl_app.upstream.torchrl import undo_rpc_trajectory_id_shift
+
+    source = inspect.getsource(RPCCollector._next_sync_rpc)
+    assert "data = torch.cat(data)" in source
+    assert "traj_ids[i] += traj_ids[i - 1].max()" in source
+    assert "self._collected_frames < self.total_frames" in inspect.getsource(RPCCollector.iterator)
+    shifted = torch.tensor([4, 5, 6, 7])
+    for i in range(1, 3):  # as TorchRL does, with 3 workers
+        shifted[i] += shifted[i - 1].max()
+    assert undo_rpc_trajectory_id_shift(shifted, 3).tolist() == [4, 5, 6, 7]
+
+
+def test_an_rpc_worker_error_still_names_its_node() -> None:
+    from torchrl.collectors.distributed import rpc as torchrl_rpc
+
+    from rl_app.upstream.torchrl import rpc_worker_of
+
+    assert 'f"COLLECTOR_NODE_{rank}"' in inspect.getsource(torchrl_rpc._rpc_init_collection_node)
+    error = RuntimeError("On WorkerInfo(id=2, name=COLLECTOR_NODE_2):\nValueError('x')\nTrace")
+    assert rpc_worker_of(error) == (1, "ValueError('x')")
+    assert rpc_worker_of(RuntimeError("Connection closed by peer")) is None
+
+
+def test_rpc_collector_still_starts_its_nodes_with_this_entry_point() -> None:
+    from torchrl.collectors.distributed import RPCCollector
+    from torchrl.collectors.distributed import rpc as torchrl_rpc
+
+    parameters = inspect.signature(torchrl_rpc._rpc_init_collection_node).parameters
+    assert list(parameters) == [
+        "rank", "rank0_ip", "tcp_port", "world_size", "visible_device", "tensorpipe_options",
+        "backend", "verbose",
+    ]  # fmt: skip
+    init = inspect.getsource(RPCCollector._init)
+    assert 'executor = submitit.AutoExecutor(folder="log_test")' in init
+    assert "IPAddr = socket.gethostbyname(hostname)" in init
+    launch = inspect.getsource(RPCCollector._init_worker_rpc)
+    delayed = 'elif self.launcher == "submitit_delayed":\n            # job is already launched'
+    assert delayed in launch
+    shutdown = inspect.getsource(RPCCollector.shutdown)
+    assert 'elif self.launcher == "submitit_delayed":\n            pass' in shutdown
+
+
+# One RPC group in a fresh process, then a second in the same process: what each uses to
+# meet the other processes of its group.
+TWO_RPC_GROUPS = """
+import torch.distributed.rpc as rpc
+from torch.distributed.rpc import api
+from rl_app.upstream.torchrl import free_local_port, rpc_started_in_this_process
+
+for group in range(2):
+    print(rpc._init_counter, dict(api._all_gather_sequence_id), rpc_started_in_this_process())
+    options = rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{free_local_port()}")
+    rpc.init_rpc("TRAINER_NODE", rank=0, world_size=1, rpc_backend_options=options)
+    rpc.shutdown()
+"""
+
+
+def test_a_second_rpc_group_in_a_process_still_uses_other_keys() -> None:
+    # torch prefixes a group's rendezvous keys with the count of this process's init_rpc
+    # calls ("rpc_prefix_<count>") and numbers its all-gathers per process: a second group
+    # meets its fresh workers (count 0, all-gather 0) under other keys and waits for ever.
+    # rpc mode refuses a second RPC collector in a process (rl_app/collection/rpc.py).
+    import torch.distributed.rpc as rpc
+
+    assert 'dist.PrefixStore(str(f"rpc_prefix_{_init_counter}"), store)' in inspect.getsource(
+        rpc.init_rpc
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_RPC_GROUPS], capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.splitlines()
+    assert first == "0 {} False"
+    assert second == "1 {'TRAINER_NODE': 2} True"
+
+
+# TorchRL's asynchronous RPC collection with one worker acting with a linear policy: after
+# each batch the learner pushes new weights. Prints, per batch, the versions its frames acted
+# with (recomputed from observation and action; -1: weights never sent).
+ASYNC_RPC_PUSHES = """
+import torch
+from tensordict.nn import TensorDictModule
+from torchrl.collectors import Collector
+from torchrl.collectors.distributed import RPCCollector
+from torchrl.envs import GymEnv
+from rl_app.upstream.torchrl import UNBOUNDED_FRAMES, free_local_port
+
+
+def make_env():
+    return GymEnv("Pendulum-v1")
+
+
+def make_policy():
+    return TensorDictModule(torch.nn.Linear(3, 1), in_keys=["observation"], out_keys=["action"])
+
+
+def set_weights(policy, version):
+    with torch.no_grad():
+        policy.module.weight.fill_(0.1 * version)
+        policy.module.bias.fill_(-0.05 * version)
+
+
+if __name__ == "__main__":
+    learner = make_policy()
+    collector = RPCCollector(
+        [make_env], policy_factory=make_policy, frames_per_batch=600,
+        total_frames=UNBOUNDED_FRAMES,
+        sync=False, launcher="mp", tcp_port=free_local_port(), collector_class=Collector,
+        collector_kwargs={"track_policy_version": True},
+    )
+    set_weights(learner, 1)
+    collector.update_policy_weights_(learner)
+    for index, batch in enumerate(collector):
+        versions = torch.full((len(batch),), -1)
+        for version in range(1, index + 2):
+            set_weights(learner, version)
+            with torch.no_grad():
+                acted = learner(batch.select("observation").clone())["action"]
+            versions[(acted - batch["action"]).abs().squeeze(-1) < 1e-5] = version
+        print(sorted(set(versions.tolist())), flush=True)
+        if index == 5:
+            break
+        set_weights(learner, index + 2)
+        collector.update_policy_weights_(learner)
+    collector.shutdown()
+"""
+
+
+@pytest.mark.rpc
+def test_async_rpc_collection_still_mixes_weights_within_a_batch(tmp_path: Path) -> None:
+    # The worker applies a push on an RPC thread while its collector steps: a batch
+    # collected across a push acts with two versions. rpc mode refuses rpc.sync=false.
+    script = tmp_path / "async_rpc_pushes.py"
+    script.write_text(ASYNC_RPC_PUSHES)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    per_batch = [ast.literal_eval(line) for line in done.stdout.splitlines()]
+    assert len(per_batch) == 6
+    assert any(len([v for v in versions if v > 0]) > 1 for versions in per_batch), per_batch

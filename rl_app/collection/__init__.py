@@ -1,13 +1,15 @@
 """Collection: where everything runs, the TorchRL collector that feeds the buffer, and how
 the learner's weights reach it.
 
-Five topologies, all TorchRL collectors the loop iterates the same way:
+Six topologies, all TorchRL collectors the loop iterates the same way:
 - ``direct``: one env (or ``env.num_envs``) stepped in the learner's process, acting with
   the learner's policy (built here);
 - ``sync`` / ``async``: worker processes (:mod:`rl_app.collection.workers`);
 - ``distributed``: SLURM jobs, each batch gathered from every job
   (:mod:`rl_app.collection.distributed`);
-- ``ray``: Ray actors on a local or joined Ray cluster (:mod:`rl_app.collection.ray`).
+- ``ray``: Ray actors on a local or joined Ray cluster (:mod:`rl_app.collection.ray`);
+- ``rpc``: TorchRL's RPC collector, worker processes or SLURM jobs driven over
+  ``torch.distributed.rpc`` (:mod:`rl_app.collection.rpc`).
 Worker processes and jobs build env and policy from picklable factories and act with a
 snapshot of the learner's weights that changes only when :class:`WeightSync` pushes one. A
 reader of direct mode needs neither.
@@ -101,6 +103,10 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
         from rl_app.collection.ray import make_ray_collector
 
         return make_ray_collector(config, algorithm.policy_factory(), devices)
+    if settings.mode == "rpc":
+        from rl_app.collection.rpc import make_rpc_collector
+
+        return make_rpc_collector(config, algorithm.policy_factory(), devices)
     from rl_app.collection.workers import make_worker_collector
 
     return make_worker_collector(config, algorithm.policy_factory(), common)

@@ -14,10 +14,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from tensordict import TensorDictBase
 from torchrl.collectors import BaseCollector, Collector
 
 from rl_app.config import Config
 from rl_app.envs import env_factory, worker_seed
+from rl_app.replay import TRAJECTORY_KEY
 from rl_app.upstream.torchrl import GuardedWeightSyncScheme, make_guarded_policy
 
 
@@ -42,3 +44,10 @@ def make_worker_collector(
         init_random_frames=math.ceil(settings.init_random_frames / settings.workers),
         **common,
     )
+
+
+def interleave_trajectory_ids(worker: int, workers: int, batch: TensorDictBase) -> None:
+    """In remote collector ``worker`` (a Ray actor, an RPC worker): its own trajectory ``k``
+    becomes ``k * workers + worker``, unique across them; each one's numbering is saved in
+    checkpoints and continues on resume."""
+    batch.set(TRAJECTORY_KEY, batch.get(TRAJECTORY_KEY) * workers + worker)

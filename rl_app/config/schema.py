@@ -112,20 +112,20 @@ class CollectorConfig:
     mode: str = setting(
         "direct",
         "direct (in-process) | sync | async (worker processes) | distributed (SLURM jobs) "
-        "| ray (Ray actors: the ray group)",
-        choices=("direct", "sync", "async", "distributed", "ray"),
+        "| ray (Ray actors: the ray group) | rpc (TorchRL's RPC collector: the rpc group)",
+        choices=("direct", "sync", "async", "distributed", "ray", "rpc"),
     )
     workers: int = setting(
-        2, "worker processes (sync, async and ray modes; distributed: one collector per job)",
+        2, "worker processes (sync, async, ray and rpc modes; distributed: one collector per job)",
         at_least=1,
     )  # fmt: skip
     nodes: int = setting(2, "collection jobs submitted to SLURM (distributed mode)", at_least=1)
     address: str | None = setting(
-        None, "address collection jobs reach the learner at (distributed; unset: this host's)"
+        None, "address collection jobs reach the learner at (distributed, rpc; unset: this host's)"
     )
     port: int | None = setting(
         None,
-        "learner's rendezvous TCP port (distributed; unset: a free one; +1, +2 used too)",
+        "learner's rendezvous TCP port (distributed, rpc; unset: a free one; +1, +2 used too)",
         at_least=1024, at_most=65533,
     )  # fmt: skip
     connect_timeout_s: int = setting(
@@ -330,6 +330,23 @@ class RayConfig:
 
 
 @dataclass
+class RpcConfig:
+    """TorchRL's RPC collector of ``collector.mode=rpc`` (``collector.workers`` workers)."""
+
+    launcher: str = setting(
+        "local",
+        "local (worker processes on this machine) | slurm (one SLURM job per worker, "
+        "slurm.collector_* settings, as distributed mode)",
+        choices=("local", "slurm"),
+    )
+    sync: bool = setting(
+        True,
+        "gather each batch from every worker (true); false (first-ready batches) is refused: "
+        "TorchRL's asynchronous RPC collection applies a weight push while a worker acts",
+    )
+
+
+@dataclass
 class Config:
     """A whole run."""
 
@@ -359,6 +376,7 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     slurm: SlurmConfig = field(default_factory=SlurmConfig, metadata={"on_resume": True})
     ray: RayConfig = field(default_factory=RayConfig)
+    rpc: RpcConfig = field(default_factory=RpcConfig)
 
 
 def run_schema(algo: Any, groups: dict[str, type], *, name: str, module: str) -> type:

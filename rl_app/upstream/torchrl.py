@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -14,10 +15,13 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase, TensorDictSequential
+from torch.distributed import rpc as rpc_api
 from torchrl._utils import _replace_last
 from torchrl.collectors import Collector
-from torchrl.collectors.distributed import DistributedCollector
+from torchrl.collectors.distributed import DistributedCollector, RPCCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
+from torchrl.collectors.distributed import rpc as torchrl_rpc
+from torchrl.collectors.distributed.default_configs import _find_free_port
 from torchrl.data import (
     HERReplayBuffer,
     PrioritizedSampler,
@@ -586,3 +590,79 @@ GENERATION_BYTES = 8
 # trees first (TorchRL's state_dict), then reads the leaves out, next to a copy of the
 # generations.
 TREE_LEAF_BYTES = 8
+
+
+# -- 13. the RPC collector on local processes and SLURM jobs -----------------------------
+
+# TorchRL's RPC collector names worker i's RPC node "COLLECTOR_NODE_{i + 1}" (the learner is
+# rank 0), and RPC re-raises a worker's error with the worker named in its message, the
+# worker's own error on the next line. Test: ``test_an_rpc_worker_error_still_names_its_node``.
+RPC_WORKER_NODE = re.compile(r"COLLECTOR_NODE_(\d+)\):\n(.*)")
+
+
+def rpc_worker_of(error: BaseException) -> tuple[int, str] | None:
+    """The index of the RPC collector worker ``error`` came from and its own error, if it
+    names one."""
+    found = RPC_WORKER_NODE.search(str(error))
+    return (int(found.group(1)) - 1, found.group(2)) if found else None
+
+
+def undo_rpc_trajectory_id_shift(ids: torch.Tensor, workers: int) -> torch.Tensor:
+    """A sync RPC batch's trajectory ids as its workers wrote them.
+
+    TorchRL concatenates the workers' batches (in the order they finish) and then shifts
+    what it takes for worker ``i``'s ids, ``ids[i]``, by ``ids[i - 1].max()``: on the
+    concatenated frames that adds frame ``i - 1``'s id to frame ``i``, for the first
+    ``workers`` frames. Test: ``test_rpc_collector_still_shifts_the_first_frames_ids``."""
+    ids = ids.clone()
+    ids[:workers] = undo_trajectory_id_shifts(ids[:workers])
+    return ids
+
+
+def free_local_port() -> int:
+    """A TCP port free on this machine now, for the RPC collector's rendezvous (TorchRL's
+    own default, 10003, is one port for every run on the machine)."""
+    return _find_free_port()
+
+
+class LaunchedRPCCollector(RPCCollector):
+    """TorchRL's ``RPCCollector`` on local processes (``executor=None``: its ``mp``
+    launcher), or on SLURM jobs submitted with a given ``executor``, which join the learner
+    at ``address``; it runs until stopped. ``jobs`` holds the processes or jobs.
+
+    TorchRL 0.14.1's submitit launcher takes its own executor (a ``./log_test`` folder, no
+    SLURM resources) and the host name's address: here the jobs are submitted as its
+    ``submitit_delayed`` launcher expects them, already running, with TorchRL's own worker
+    entry point. Test: ``test_rpc_collector_still_starts_its_nodes_with_this_entry_point``."""
+
+    def __init__(self, *, executor: Any = None, address: str = "localhost", **kwargs: Any) -> None:
+        self.executor = executor
+        self.address = address
+        launcher = "mp" if executor is None else "submitit_delayed"
+        super().__init__(launcher=launcher, total_frames=UNBOUNDED_FRAMES, **kwargs)
+
+    def _init_worker_rpc(self, executor: Any, i: int) -> Any:
+        if self.executor is None:
+            return super()._init_worker_rpc(executor, i)
+        return self.executor.submit(
+            torchrl_rpc._rpc_init_collection_node,
+            i + 1,
+            self.address,
+            self.tcp_port,
+            self.num_workers + 1,
+            None,
+            self.tensorpipe_options,
+            self.backend,
+            self._VERBOSE,
+        )
+
+
+def rpc_started_in_this_process() -> bool:
+    """Whether this process has joined an RPC group before.
+
+    torch 2.14.1 prefixes a group's rendezvous keys with a count of the process's
+    ``init_rpc`` calls, and numbers its all-gathers per process: a process that already ran
+    an RPC collector starts a second with keys and numbers its fresh workers never use, and
+    waits for them for ever (resetting both counts gets it started, then its shutdown waits
+    for ever). Test: ``test_a_second_rpc_group_in_a_process_still_uses_other_keys``."""
+    return rpc_api._init_counter > 0

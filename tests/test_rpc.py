@@ -1,0 +1,235 @@
+"""Collection by TorchRL's RPC collector (``collector.mode=rpc``) on real local processes:
+workers act with the weights the learner sent, a dead worker stops the run naming it and a
+resume finishes the run, no process is left behind, and what the RPC collector cannot run
+is refused before anything is created.
+
+torch's RPC runs one group per process (:class:`rl_app.collection.rpc.RPCAlreadyUsed`): one
+test here builds a collector in the test process, the others run ``train.py``."""
+
+from __future__ import annotations
+
+import functools
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from rl_app.algorithms import make_algorithm
+from rl_app.checkpointing import checkpoint_candidates, verify_checkpoint
+from rl_app.collection import decide_devices, make_collector
+from rl_app.collection.rpc import RPCAlreadyUsed
+from rl_app.envs import make_env
+from rl_app.logger import read_metrics
+from rl_app.replay import TRAJECTORY_KEY
+from tests import faulty_envs
+from tests.helpers import (
+    FINAL_STATES,
+    PYTHON,
+    TINY_RUN,
+    TRAIN_PY,
+    actor_version,
+    child_processes,
+    collect_around_a_push,
+    job_state,
+    run_train,
+    wait_for,
+)
+
+pytestmark = pytest.mark.rpc
+
+RPC_RUN = ["collector.mode=rpc", "collector.workers=2"]
+# As tests/test_collection.py: batches of 130 frames straddle episode ends.
+ACTING_RUN = [*RPC_RUN, "collector.init_random_frames=0", "collector.frames_per_batch=130"]
+
+
+def test_workers_act_with_the_weights_the_learner_sent(tiny_config) -> None:
+    before = child_processes()
+    config = tiny_config(*ACTING_RUN)
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    try:
+        collected, snapshots = collect_around_a_push(
+            collector, algorithm, config.env.name, moved_at=3, pushed_at=5, batches=10
+        )
+    finally:
+        collector.shutdown()
+    assert child_processes() == before
+    data = torch.cat(collected)
+    acted = actor_version(data, snapshots, algorithm.policy)
+    # Whole snapshots only: never a blend of two versions, never weights that were not sent.
+    assert (acted >= 1).all(), f"{int((acted == 0).sum())} frames match no sent snapshot"
+    pushed_at = sum(len(batch) for batch in collected[:6])
+    assert (acted[:pushed_at] == 1).all()
+    assert (acted[pushed_at:] == 2).all()  # gathered batches: a push lands between two
+    assert torch.equal(data["next", "policy_version"], acted)
+    # Trajectory ids tell the workers apart (worker w numbers k * 2 + w): each batch holds
+    # 65 frames of each, both acted with both versions, and an id is one worker's episode.
+    for batch in collected:
+        assert (batch[TRAJECTORY_KEY] % 2).bincount().tolist() == [65, 65]
+    for worker in range(2):
+        assert set(acted[data[TRAJECTORY_KEY] % 2 == worker].tolist()) == {1, 2}
+    for trajectory in data[TRAJECTORY_KEY].unique():
+        frames = data[data[TRAJECTORY_KEY] == trajectory]
+        assert frames["next", "done"].sum() <= 1
+    # torch's RPC cannot start a second group in this process: refused, not waited for.
+    with pytest.raises(RPCAlreadyUsed, match="one RPC collector per process"):
+        make_collector(config, algorithm, decide_devices(config))
+
+
+def workers_of(pid: int) -> list[int]:
+    """The RPC worker processes of the ``train.py`` process ``pid`` (its children but the
+    multiprocessing resource tracker), in the order they were started."""
+    workers = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, NotADirectoryError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"resource_tracker" not in cmdline:
+            workers.append(int(entry.name))
+    return sorted(workers)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [*TINY_RUN, *RPC_RUN, f"run_dir={run_dir}", "collector.total_frames=4000"]
+    run = subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *args],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
+        workers = workers_of(run.pid)
+        assert len(workers) == 2, workers
+        subprocess.run(["kill", "-KILL", str(workers[1])], check=True)
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, stderr
+    assert "collector worker 1 (exit code -9) of env Pendulum-v1 stopped" in stderr
+    named = Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1))
+    verify_checkpoint(named)
+    assert named in checkpoint_candidates(run_dir / "checkpoints")
+    assert not any(alive(worker) for worker in workers)  # the other one was stopped too
+    stopped_at = read_metrics(run_dir)[-1]["frames"]
+    assert stopped_at < 4000
+
+    resumed = run_train(tmp_path, *args)
+    assert resumed.returncode == 0, resumed.stderr
+    rows = read_metrics(run_dir)
+    assert [row["frames"] for row in rows] == list(range(200, 4001, 200))  # none repeated
+    # Gathered batches, weights pushed every iteration: every frame acted with the newest.
+    assert {row["collector/policy_lag"] for row in rows} == {0}
+    # Each trajectory id is one episode of one worker: its frames, in the order stored,
+    # follow one another (a resumed worker starting a new episode under an id of before, or
+    # two workers sharing one, would break the chain).
+    stored = TensorDict.load_memmap(run_dir / "replay")[:4000]
+    for trajectory in stored[TRAJECTORY_KEY].unique():
+        episode = stored[stored[TRAJECTORY_KEY] == trajectory]
+        ended = episode["next", "done"].reshape(-1)[:-1]
+        follows = (episode["next", "observation"][:-1] == episode["observation"][1:]).all(-1)
+        assert (ended | follows).all(), f"trajectory {int(trajectory)} holds two episodes"
+
+
+def test_a_worker_that_raises_is_named(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_train(
+        tmp_path, *TINY_RUN, *RPC_RUN, f"run_dir={run_dir}", "collector.total_frames=4000",
+        f"env.name=tests.faulty_envs:{faulty_envs.RAISES_AT_1100}",
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert re.search(
+        r"collector worker \d \(RPC\) of env .* stopped: .*simulated physics", result.stderr
+    )
+    # Each worker steps 100 frames per batch: the fault comes at 2,200 frames, after the
+    # checkpoint at 2,000.
+    named = Path(re.search(r"last good checkpoint: (\S+);", result.stderr).group(1))
+    assert named.name == "checkpoint-000000002000"
+    verify_checkpoint(named)
+
+
+@pytest.mark.parametrize(
+    ("setting", "named"),
+    [
+        ("collector.device=cuda", "collector.device='cuda'"),
+        ("rpc.sync=false", "rpc.sync=false"),
+    ],
+)
+def test_what_the_rpc_collector_cannot_run_is_refused_before_anything_is_created(
+    tmp_path: Path, setting: str, named: str
+) -> None:
+    result = run_train(tmp_path, *TINY_RUN, *RPC_RUN, f"run_dir={tmp_path / 'run'}", setting)
+    assert result.returncode == 2, result.stderr
+    assert named in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slurm
+def test_rpc_workers_as_slurm_jobs_feed_a_run_and_end_with_it(
+    slurm_cluster: None, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    result = run_train(
+        tmp_path, *TINY_RUN, *RPC_RUN, f"run_dir={run_dir}", "collector.total_frames=800",
+        "rpc.launcher=slurm", "slurm.profile=local", "collector.address=127.0.0.1",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert [row["frames"] for row in read_metrics(run_dir)] == [200, 400, 600, 800]
+    jobs = sorted(path.name.split("_")[0] for path in (run_dir / "slurm").rglob("*_submitted.pkl"))
+    assert len(jobs) == 2  # one job per worker, in the run directory's slurm/collectors
+    # Each job ends by itself once the learner shuts the collector down.
+    for job in jobs:
+        ended = functools.partial(lambda job: job_state(job) in FINAL_STATES, job)
+        wait_for(f"job {job} to be recorded as ended", ended, 60)
+        assert job_state(job) == "COMPLETED"
+
+
+@pytest.mark.slurm
+def test_a_cancelled_rpc_job_stops_the_run_naming_it(slurm_cluster: None, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run = subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *TINY_RUN, *RPC_RUN, f"run_dir={run_dir}",
+         "collector.total_frames=4000", "rpc.launcher=slurm", "slurm.profile=local",
+         "collector.address=127.0.0.1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
+        jobs = subprocess.run(
+            ["squeue", "--noheader", "--format=%i", f"--name={run_dir.name}-collect"],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        subprocess.run(["scancel", min(jobs)], check=True)
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, stderr
+    assert f"job {min(jobs)} is CANCELLED" in stderr, stderr
+    assert f"{min(jobs)}_0_log.err" in stderr
+    verify_checkpoint(Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1)))
+    wait_for("the other job to be cancelled too", lambda: not queued(set(jobs)), 60)
+
+
+def queued(jobs: set[str]) -> set[str]:
+    """Which of ``jobs`` are still in ``squeue`` (pending, running or completing)."""
+    answer = subprocess.run(
+        ["squeue", "--noheader", "--format=%i"], capture_output=True, text=True, check=True
+    )
+    return jobs & set(answer.stdout.split())
