@@ -68,6 +68,9 @@ def write_sweep(tmp_path: Path, **changes: Any) -> Path:
         # 10 does not divide optim.batch_size=48: found before the sweep starts.
         ({"space": {"replay.slice_len": {"choices": [8, 10]}}}, "space.replay.slice_len=10"),
         ({"overrides": ["run_dir=x"]}, "the sweep sets run_dir"),
+        # A worker trains its trials in one process, which runs one RPC collector.
+        ({"overrides": [*TINY_DQN, "collector.mode=rpc"]}, "collector.mode='rpc' is not accepted"),
+        ({"space": {"collector.mode": {"choices": ["sync", "rpc"]}}}, "space.collector.mode='rpc'"),
         ({"launcher": "pbs"}, "launcher='pbs' is not accepted: choose one of local, slurm"),
         ({"slurm": {"bogus": 1}}, "unknown key 'slurm.bogus'"),
         ({"slurm": {"array": "seed=1,2"}}, "jobs sets how many worker jobs run"),

@@ -35,6 +35,7 @@ from tensordict import TensorDictBase
 from torchrl.collectors.distributed import RayCollector
 
 from rl_app.checks import machine_cpus
+from rl_app.collection.workers import interleave_trajectory_ids
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY, env_factory, worker_seed
 from rl_app.replay import TRAJECTORY_KEY
@@ -129,12 +130,6 @@ class ActorCollector(TruthfulCollector):
         """The frames this actor wrote into the replay service: answered once the batch it
         is collecting, if any, has landed (an actor runs its calls one at a time)."""
         return self.stored
-
-
-def interleave_trajectory_ids(worker: int, workers: int, batch: TensorDictBase) -> None:
-    """In actor ``worker``: its own trajectory ``k`` becomes ``k * workers + worker``, unique
-    across actors; each actor's numbering is saved in checkpoints and continues on resume."""
-    batch.set(TRAJECTORY_KEY, batch.get(TRAJECTORY_KEY) * workers + worker)
 
 
 class RayCollection(RayCollector):

@@ -105,8 +105,10 @@ def collection_job_settings(slurm: Any) -> JobSettings:
 
 
 def check_collection_jobs(config: Config) -> None:
-    """In distributed mode, refuse collection jobs the cluster would refuse."""
-    if config.collector.mode == "distributed":
+    """Refuse collection jobs the cluster would refuse (distributed mode, rpc mode's jobs)."""
+    if config.collector.mode == "distributed" or (
+        config.collector.mode == "rpc" and config.rpc.launcher == "slurm"
+    ):
         check_cluster(collection_job_settings(config.slurm))
 
 

@@ -21,6 +21,7 @@ from rl_app.algorithms import RunConfig
 from rl_app.checks import load_config
 from rl_app.config import (
     DEFAULT_PRESET,
+    Config,
     ConfigError,
     SlurmConfig,
     check_declared,
@@ -252,13 +253,24 @@ def check_trial_configs(sweep: Sweep) -> None:
     """The preset with the overrides, and with each checked value of each dimension, must
     make a valid config: a mistake is found now, not in the middle of the sweep."""
     fixed = fixed_overrides(sweep)
-    load_config(sweep.settings.preset, fixed)
+    check_sweepable(load_config(sweep.settings.preset, fixed))
     for key, dist in sweep.space.items():
         for value in checked_values(dist):
             try:
-                load_config(sweep.settings.preset, [*fixed, override(key, value)])
+                check_sweepable(load_config(sweep.settings.preset, [*fixed, override(key, value)]))
             except ConfigError as error:
                 raise ConfigError(f"space.{key}={value!r} makes no valid run: {error}") from None
+
+
+def check_sweepable(config: Config) -> None:
+    """A sweep's worker trains its trials one after another in one process, and a process
+    runs one RPC collector (torch's RPC starts once per process)."""
+    if config.collector.mode == "rpc":
+        raise ConfigError(
+            "collector.mode='rpc' is not accepted in a sweep: a worker trains its trials in one "
+            "process, which runs one RPC collector; accepted: direct, sync, async, "
+            "distributed, ray"
+        )
 
 
 def refuse_other_sweep(sweep: Sweep) -> None:

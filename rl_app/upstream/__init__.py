@@ -11,7 +11,8 @@ failing (or can be deleted) once the library changes that behaviour.
   submitit, an LSTM unrolled over sequences, the thread count a closing batch of envs
   sets, SACLoss's lazily created buffer, lazy storages, a replay buffer's state without its
   data, the prioritized slice sampler's slice starts recomputed over the buffer after every
-  extend, HERReplayBuffer's hooks, the bytes a buffer keeps per slot).
+  extend, HERReplayBuffer's hooks, the bytes a buffer keeps per slot, the RPC collector on local
+  processes and SLURM jobs).
 - :mod:`rl_app.upstream.ray`: Ray 2.60.0 with TorchRL 0.14.1's ``RayCollector`` (which actor
   stopped, a collector actor's truth, warnings that do not apply, an endless collector, the
   random warm-up of actors sharing a buffer, a replay buffer owned by a Ray actor);
