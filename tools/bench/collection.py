@@ -3,8 +3,11 @@ step rate of the same env, and each mode's end-to-end training frames/s."""
 
 from __future__ import annotations
 
+import multiprocessing
 import shutil
 import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +22,7 @@ from rl_app.envs import make_env
 from rl_app.run import train
 
 # Each collector measured: its name and its settings ("distributed-N": N SLURM jobs,
-# "ray-sync-N": N Ray actors).
+# "ray-sync-N": N Ray actors, "rpc-slurm-N": N RPC workers as SLURM jobs).
 BATCHED_ENVS = 8
 RAY_ACTORS = ["collector.mode=ray", "collector.workers=2", "ray.worker_cpus=0.5"]
 COLLECTION_MODES = {
@@ -41,7 +44,14 @@ COLLECTION_MODES = {
     },
     # Two Ray actors of half a CPU each: they fit a 2-core machine.
     **{f"ray-{kind}-2": [*RAY_ACTORS, f"ray.sync={kind == 'sync'}"] for kind in ("sync", "async")},
+    **{
+        f"rpc-{workers}": ["collector.mode=rpc", f"collector.workers={workers}"]
+        for workers in (1, 2)
+    },
+    "rpc-slurm-2": ["collector.mode=rpc", "collector.workers=2", "rpc.launcher=slurm"],
 }
+# The modes that submit SLURM jobs.
+ON_SLURM = ("distributed", "rpc-slurm")
 COLLECTION_FRAMES = 4_000
 MODE_TRAINING_FRAMES = 2_000
 
@@ -80,29 +90,44 @@ def collector_frames_per_second(config: Config) -> float:
 def bench_collection(overrides: list[str], run_dir: Path) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for name, settings in COLLECTION_MODES.items():
-        if name.startswith("distributed") and shutil.which("sbatch") is None:
+        if name.startswith(ON_SLURM) and shutil.which("sbatch") is None:
             report[name] = "not measured: no SLURM here (make slurm-up starts a local cluster)"
             continue
         mode_overrides = [
             *overrides, *settings, f"run_dir={run_dir / name}", "collector.init_random_frames=0",
         ]  # fmt: skip
-        collecting = load_config("default", mode_overrides)
-        raw = raw_gym_steps_per_second(collecting.env.name, collecting.env.num_envs)
-        collect_fps = collector_frames_per_second(collecting)
-        training = load_config(
-            "default",
-            [*mode_overrides, f"collector.total_frames={MODE_TRAINING_FRAMES}",
-             f"run_dir={run_dir / (name + '-training')}", "eval.interval_frames=1000000",
-             "optim.compile=false"],  # in so short a run the compile would outweigh the mode
-        )  # fmt: skip
-        started = time.perf_counter()
-        result = train(training)
+        training_overrides = [
+            *mode_overrides, f"collector.total_frames={MODE_TRAINING_FRAMES}",
+            f"run_dir={run_dir / (name + '-training')}", "eval.interval_frames=1000000",
+            "optim.compile=false",  # in so short a run the compile would outweigh the mode
+        ]  # fmt: skip
         report[name] = {
-            "raw_gym_steps_per_second": raw,
-            "collector_frames_per_second": collect_fps,
-            "training_frames_per_second": result.frames / (time.perf_counter() - started),
+            **in_a_new_process(collection_rates, mode_overrides),
+            "training_frames_per_second": in_a_new_process(training_rate, training_overrides),
         }
     return report
+
+
+def in_a_new_process(measure: Callable[[list[str]], Any], overrides: list[str]) -> Any:
+    """``measure(overrides)`` in a fresh process: a process starts torch's RPC once, and no
+    measurement inherits another's threads, workers or Ray."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(1, mp_context=spawn) as process:
+        return process.submit(measure, overrides).result()
+
+
+def collection_rates(overrides: list[str]) -> dict[str, float]:
+    config = load_config("default", overrides)
+    return {
+        "raw_gym_steps_per_second": raw_gym_steps_per_second(config.env.name, config.env.num_envs),
+        "collector_frames_per_second": collector_frames_per_second(config),
+    }
+
+
+def training_rate(overrides: list[str]) -> float:
+    started = time.perf_counter()
+    result = train(load_config("default", overrides))
+    return result.frames / (time.perf_counter() - started)
 
 
 def print_collection(collection: dict[str, Any]) -> None:
