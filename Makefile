@@ -25,8 +25,8 @@ train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=val
 sweep: venv ## A hyperparameter sweep: SWEEP=<sweep file> (again: continues it; ARGS="--summary")
 	$(PY) -m rl_app.sweep $(SWEEP) $(ARGS)
 
-# Test processes (pytest-xdist). `make test` runs two: the learning checks, the SLURM tests
-# and the Ray tests one after the other in one, the rest beside them (tests/conftest.py); TEST_JOBS=0
+# Test processes (pytest-xdist). `make test` runs two: the SLURM tests one after the other in
+# one, the Ray and RPC tests in the other, the rest wherever one is free (tests/conftest.py); TEST_JOBS=0
 # runs everything in this process. The quick subset runs one process per core.
 TEST_JOBS ?= 2
 FAST_JOBS ?= auto

@@ -15,27 +15,31 @@ from rl_app.config import Config
 from rl_app.upstream.pytest import send_to_group
 from tests.helpers import TINY_RUN, UP_SCRIPT
 
-# The learning checks take a fifth of the suite's time, the SLURM tests share one local
-# cluster and its CPUs, the Ray tests one local Ray, the RPC tests start worker processes:
-# they run one after the other, in one worker.
-SERIAL_MARKERS = ("slow", "slurm", "ray", "rpc")
-SERIAL_GROUP = "serial"
+# Tests that run one after the other, each group in one worker: the SLURM tests share one
+# local cluster and its CPUs; the Ray tests one local Ray per module, and the RPC tests start
+# worker processes (one RPC collector per process). A test of both goes with the SLURM ones.
+GROUPS = {"slurm": ("slurm",), "ray": ("ray", "rpc")}
 
 
-def is_serial(item: pytest.Item) -> bool:
-    return any(item.get_closest_marker(marker) for marker in SERIAL_MARKERS)
+def group_of(item: pytest.Item) -> str | None:
+    for group, markers in GROUPS.items():
+        if any(item.get_closest_marker(marker) for marker in markers):
+            return group
+    return None
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """With ``pytest -n 2 --dist loadgroup`` (``make test``) the serial tests go first, to
-    one worker, while the other worker takes the rest; whichever is done first helps with
-    what is left. (xdist's own ``xdist_group`` marker does not group tests under pytest 9:
-    :func:`rl_app.upstream.pytest.send_to_group`.)"""
-    items.sort(key=lambda item: not is_serial(item))
+    """With ``pytest -n 2 --dist loadgroup`` (``make test``) the groups go first, each to
+    one worker, then the learning checks (a fifth of the suite's time), then the rest,
+    wherever a worker is free. (xdist's own ``xdist_group`` marker does not group tests
+    under pytest 9: :func:`rl_app.upstream.pytest.send_to_group`.)"""
+    items.sort(key=lambda item: (group_of(item) is None, not item.get_closest_marker("slow")))
     if config.getoption("loadgroup", False):  # set in xdist's workers under loadgroup
-        for item in filter(is_serial, items):
-            send_to_group(item, SERIAL_GROUP)
+        for item in items:
+            group = group_of(item)
+            if group is not None:
+                send_to_group(item, group)
 
 
 @pytest.fixture
