@@ -32,7 +32,7 @@ TEST_JOBS ?= 2
 FAST_JOBS ?= auto
 PYTEST := $(PY) -m pytest -rs --durations=15 --dist loadgroup
 
-test: venv ffmpeg slurm-or-skip ## The suite, learning checks included (about 17 min on 2 cores: docs/testing.md)
+test: venv ffmpeg slurm-or-skip ## The suite, learning checks included (about 22 min on 2 cores: docs/testing.md)
 	$(PYTEST) -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 test-all: venv ffmpeg slurm-or-skip ## The suite plus the full-length learning checks (before releasing results)
