@@ -8,7 +8,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -17,8 +18,9 @@ from tensordict import TensorDict
 from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
+from rl_app.algorithms import Algorithm, make_algorithm
 from rl_app.checkpointing import choose_checkpoint, load_component
-from rl_app.collection import WeightSync
+from rl_app.collection import WeightSync, decide_devices, make_collector
 from rl_app.config import Config, EnvConfig
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
@@ -92,6 +94,18 @@ def actor_outputs(policy, weights, observation: torch.Tensor) -> TensorDict:
     copy_.load_state_dict(weights)
     with torch.no_grad():
         return copy_.module[0](TensorDict({"observation": observation}, observation.shape[:1]))
+
+
+@contextmanager
+def acting_collector(config: Config) -> Iterator[tuple[Algorithm, Any]]:
+    """A fresh algorithm and the collector ``config`` names, acting with its policy; the
+    collector is shut down on leaving."""
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    collector = make_collector(config, algorithm, decide_devices(config))
+    try:
+        yield algorithm, collector
+    finally:
+        collector.shutdown()
 
 
 def collect_around_a_push(

@@ -15,17 +15,15 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import choose_checkpoint
-from rl_app.collection import WeightSync, decide_devices, ended_worker, make_collector
+from rl_app.collection import WeightSync, ended_worker
 from rl_app.config import ReplayConfig
-from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import Progress, RunFailed, iteration_metrics
 from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY, make_replay_buffer, write_priorities
 from rl_app.run import train
 from tests import faulty_envs
-from tests.helpers import actor_version, child_processes, collect_around_a_push
+from tests.helpers import acting_collector, actor_version, child_processes, collect_around_a_push
 
 # Batches of 130 frames straddle episode ends (200 steps) for the first 2,600 frames of a
 # worker, so consecutive batches of one worker share a trajectory.
@@ -50,14 +48,10 @@ def group_by_worker(batches: list[TensorDict]) -> list[list[int]]:
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_workers_act_with_the_weights_the_learner_sent(tiny_config, mode: str) -> None:
     config = tiny_config(f"collector.mode={mode}", *MP_RUN)
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    collector = make_collector(config, algorithm, decide_devices(config))
-    try:
+    with acting_collector(config) as (algorithm, collector):
         collected, snapshots = collect_around_a_push(
             collector, algorithm, config.env.name, moved_at=5, pushed_at=9, batches=20
         )
-    finally:
-        collector.shutdown()
     batches = [batch.reshape(-1) for batch in collected]
 
     data = torch.cat(batches)
@@ -120,18 +114,14 @@ def test_training_with_workers_logs_policy_lag_and_leaves_no_process(tiny_config
 
 def test_slices_from_two_workers_never_mix_trajectories(tiny_config, tmp_path: Path) -> None:
     config = tiny_config("collector.mode=sync", *MP_RUN)
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    collector = make_collector(config, algorithm, decide_devices(config))
     buffer = make_replay_buffer(ReplayConfig(capacity=5_000, slice_len=8), tmp_path, seed=0)
-    try:
+    with acting_collector(config) as (algorithm, collector):
         WeightSync(collector, algorithm, config.env.name)
         for index, batch in enumerate(collector):
             # (workers, frames): each worker's frames stay contiguous in the buffer
             buffer.extend(batch.reshape(-1))
             if index == 29:
                 break
-    finally:
-        collector.shutdown()
     stored = buffer[:]
     per_worker = stored.view(30, 2, 65)[:, :, 0][TRAJECTORY_KEY]
     assert not set(per_worker[:, 0].tolist()) & set(per_worker[:, 1].tolist())  # ids are unique
@@ -222,12 +212,8 @@ def test_the_worker_named_is_one_that_ended_by_itself() -> None:
 
 def test_a_batch_of_envs_keeps_each_envs_trajectories_apart_and_trains(tiny_config) -> None:
     config = tiny_config("env.num_envs=4", "collector.init_random_frames=0")
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    collector = make_collector(config, algorithm, decide_devices(config))
-    try:
+    with acting_collector(config) as (_, collector):
         batches = [batch for _, batch in zip(range(5), collector, strict=False)]
-    finally:
-        collector.shutdown()
     data = torch.cat(batches, dim=1)  # (envs, frames): 4 envs x 250 steps, episodes of 200
     assert data.shape == (4, 250)
     ids = data[TRAJECTORY_KEY]
@@ -251,16 +237,12 @@ def test_a_compiled_policy_acts_as_the_learners_policy(tiny_config) -> None:
     config = tiny_config(
         "collector.compile_policy=true", "env.num_envs=4", "collector.init_random_frames=0"
     )
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    collector = make_collector(config, algorithm, decide_devices(config))
-    try:
+    with acting_collector(config) as (algorithm, collector):
         first = next(iter(collector)).reshape(-1)
         with torch.no_grad():  # the learner's update, seen by the compiled direct policy
             for parameter in algorithm.policy.parameters():
                 parameter.add_(0.05 * torch.randn_like(parameter))
         second = next(iter(collector)).reshape(-1)
-    finally:
-        collector.shutdown()
     weights = {1: copy.deepcopy(algorithm.policy.state_dict())}
     assert (actor_version(second, weights, algorithm.policy) == 1).all()
     assert (actor_version(first, weights, algorithm.policy) == 0).all()

@@ -12,11 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import checkpoint_candidates, verify_checkpoint
-from rl_app.collection import decide_devices, make_collector
 from rl_app.collection.distributed import relabel_trajectory_ids
-from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed
 from rl_app.replay import TRAJECTORY_KEY
@@ -26,6 +23,7 @@ from tests.helpers import (
     PYTHON,
     TINY_RUN,
     TRAIN_PY,
+    acting_collector,
     actor_version,
     child_processes,
     collect_around_a_push,
@@ -59,17 +57,13 @@ def test_two_collection_jobs_feed_the_learner_and_act_with_its_weights(
     tiny_config,
 ) -> None:
     config = tiny_config(*DISTRIBUTED_RUN, "collector.init_random_frames=0")
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    collector = make_collector(config, algorithm, decide_devices(config))
-    job_ids = {job.job_id for job in collector.jobs}
-    try:
+    with acting_collector(config) as (algorithm, collector):
+        job_ids = {job.job_id for job in collector.jobs}
         assert len(job_ids) == 2
         assert queued(job_ids) == job_ids  # both jobs run while the learner trains
         batches, snapshots = collect_around_a_push(
             collector, algorithm, config.env.name, moved_at=3, pushed_at=5, batches=10
         )
-    finally:
-        collector.shutdown()
 
     per_job = config.collector.frames_per_batch // 2
     for job in range(2):

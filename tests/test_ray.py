@@ -16,12 +16,9 @@ import pytest
 import ray
 import torch
 
-from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import choose_checkpoint
 from rl_app.checks import machine_cpus
-from rl_app.collection import decide_devices, make_collector
 from rl_app.collection.ray import ActorStopped, connect_ray
-from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed
 from rl_app.replay import TRAJECTORY_KEY
@@ -31,6 +28,7 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     TINY_RUN,
+    acting_collector,
     actor_version,
     collect_around_a_push,
     resume_in_process,
@@ -69,14 +67,10 @@ def shared_ray() -> Iterator[None]:
 @pytest.mark.parametrize("sync", [True, False], ids=["sync", "async"])
 def test_actors_act_with_the_weights_the_learner_sent(shared_ray, tiny_config, sync) -> None:
     config = tiny_config(*ACTING_RUN, f"ray.sync={sync}")
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    collector = make_collector(config, algorithm, decide_devices(config))
-    try:
+    with acting_collector(config) as (algorithm, collector):
         collected, snapshots = collect_around_a_push(
             collector, algorithm, config.env.name, moved_at=3, pushed_at=5, batches=10
         )
-    finally:
-        collector.shutdown()
     assert ray.is_initialized()  # the shared Ray stays up
     batches = [batch.reshape(-1) for batch in collected]
     data = torch.cat(batches)
@@ -104,17 +98,13 @@ def test_actors_act_with_the_weights_the_learner_sent(shared_ray, tiny_config, s
 
 def test_a_killed_actor_is_named(shared_ray, tiny_config) -> None:
     config = tiny_config(*ACTING_RUN)
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    collector = make_collector(config, algorithm, decide_devices(config))
-    try:
+    with acting_collector(config) as (algorithm, collector):
         collector.update_policy_weights_(algorithm.policy)
         batches = iter(collector)
         next(batches)
         ray.kill(collector.remote_collectors[1])
         with pytest.raises(ActorStopped, match=r"collector worker 1 \(Ray actor\)"):
             next(batches)
-    finally:
-        collector.shutdown()
 
 
 def test_an_actor_that_fails_stops_the_run_cleanly(shared_ray, tiny_config) -> None:

@@ -17,11 +17,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import checkpoint_candidates, verify_checkpoint
 from rl_app.collection import decide_devices, make_collector
 from rl_app.collection.rpc import RPCAlreadyUsed
-from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.replay import TRAJECTORY_KEY
 from tests import faulty_envs
@@ -30,6 +28,7 @@ from tests.helpers import (
     PYTHON,
     TINY_RUN,
     TRAIN_PY,
+    acting_collector,
     actor_version,
     child_processes,
     collect_around_a_push,
@@ -48,14 +47,10 @@ ACTING_RUN = [*RPC_RUN, "collector.init_random_frames=0", "collector.frames_per_
 def test_workers_act_with_the_weights_the_learner_sent(tiny_config) -> None:
     before = child_processes()
     config = tiny_config(*ACTING_RUN)
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
-    collector = make_collector(config, algorithm, decide_devices(config))
-    try:
+    with acting_collector(config) as (algorithm, collector):
         collected, snapshots = collect_around_a_push(
             collector, algorithm, config.env.name, moved_at=3, pushed_at=5, batches=10
         )
-    finally:
-        collector.shutdown()
     assert child_processes() == before
     data = torch.cat(collected)
     acted = actor_version(data, snapshots, algorithm.policy)
