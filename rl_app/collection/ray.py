@@ -35,7 +35,7 @@ from tensordict import TensorDictBase
 from torchrl.collectors.distributed import RayCollector
 
 from rl_app.checks import machine_cpus
-from rl_app.collection.workers import interleave_trajectory_ids
+from rl_app.collection.workers import remote_collector_kwargs
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY, env_factory, worker_seed
 from rl_app.replay import TRAJECTORY_KEY
@@ -241,14 +241,7 @@ def make_ray_collector(
         total_frames=UNBOUNDED_FRAMES,
         init_random_frames=warm_up_frames(settings.init_random_frames, workers, service),
         collector_class=ActorCollector,
-        collector_kwargs=[
-            {
-                "track_policy_version": True,
-                "compile_policy": settings.compile_policy,
-                "post_collect_hook": functools.partial(interleave_trajectory_ids, worker, workers),
-            }
-            for worker in range(workers)
-        ],
+        collector_kwargs=remote_collector_kwargs(workers, settings.compile_policy),
         # Replaces TorchRL's default request (1 CPU, 2 GiB, a GPU share on a CUDA host).
         remote_configs={"num_cpus": config.ray.worker_cpus},
         env_device=devices.env,

@@ -26,7 +26,6 @@ while the worker is acting (``rpc.sync=false`` is refused, docs/scale-out.md).
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import socket
@@ -47,7 +46,7 @@ from rl_app.collection.distributed import (
     RUNNING_STATES,
     CollectionJobEnded,
 )
-from rl_app.collection.workers import interleave_trajectory_ids
+from rl_app.collection.workers import remote_collector_kwargs
 from rl_app.config import Config
 from rl_app.envs import env_factory, worker_seed
 from rl_app.launch.cluster import JOB_DIR, check_cluster, collection_job_settings, make_executor
@@ -231,14 +230,7 @@ def make_rpc_collector(
         # TorchRL gives each worker init_random_frames // workers.
         init_random_frames=workers * math.ceil(settings.init_random_frames / workers),
         collector_class=Collector,
-        collector_kwargs=[
-            {
-                "track_policy_version": True,
-                "compile_policy": settings.compile_policy,
-                "post_collect_hook": functools.partial(interleave_trajectory_ids, worker, workers),
-            }
-            for worker in range(workers)
-        ],
+        collector_kwargs=remote_collector_kwargs(workers, settings.compile_policy),
         tcp_port=settings.port or free_local_port(),
         env_device=devices.env,
         policy_device=devices.policy,

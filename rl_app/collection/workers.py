@@ -46,6 +46,19 @@ def make_worker_collector(
     )
 
 
+def remote_collector_kwargs(workers: int, compile_policy: bool) -> list[dict[str, Any]]:
+    """The settings of each remote collector (a Ray actor, an RPC worker): every frame
+    records the policy version that acted, and trajectory ids interleave across them."""
+    return [
+        {
+            "track_policy_version": True,
+            "compile_policy": compile_policy,
+            "post_collect_hook": functools.partial(interleave_trajectory_ids, worker, workers),
+        }
+        for worker in range(workers)
+    ]
+
+
 def interleave_trajectory_ids(worker: int, workers: int, batch: TensorDictBase) -> None:
     """In remote collector ``worker`` (a Ray actor, an RPC worker): its own trajectory ``k``
     becomes ``k * workers + worker``, unique across them; each one's numbering is saved in
