@@ -25,6 +25,8 @@ def group_of(item: pytest.Item) -> str | None:
     for group, markers in GROUPS.items():
         if any(item.get_closest_marker(marker) for marker in markers):
             return group
+    if item.get_closest_marker("together"):  # a module whose tests share what they saw
+        return item.module.__name__
     return None
 
 

@@ -107,6 +107,9 @@ def run_main(argv: list[str]) -> tuple[int, str]:
     return code, stderr.getvalue()
 
 
+# The last test reads what the fuzz tests saw: the module runs in one worker.
+pytestmark = pytest.mark.together
+
 # What the fuzz saw: how many cases ran, and each distinct refusal message.
 CASES: list[int] = []
 MESSAGES: set[str] = set()
