@@ -26,6 +26,7 @@ from torchrl.envs.utils import ExplorationType, exploration_type, set_exploratio
 from torchrl.modules import (
     MLP,
     ConvNet,
+    DuelingCnnDQNet,
     EGreedyModule,
     LSTMModule,
     QValueActor,
@@ -88,6 +89,11 @@ class DQNConfig:
         "randomly cropped back; DrQ), independently (0: none; envs of frames only)",
         at_least=0,
     )
+    dueling: bool = setting(
+        False,
+        "a dueling head (Wang et al., 2016; TorchRL's DuelingCnnDQNet): a state value and an "
+        "advantage per action, each from its own 512-unit layer (envs of frames only)",
+    )
     channels_last: bool = setting(
         True,
         "run the Nature CNN in the channels-last memory format (faster updates on the CPUs "
@@ -110,19 +116,22 @@ class ScaledFrames(nn.Module):
         return frames.float().div_(255)  # in place: one float copy of the stacks, not two
 
 
-def nature_cnn(actions: int, channels_last: bool = False) -> nn.Sequential:
+def nature_cnn(actions: int, channels_last: bool = False, dueling: bool = False) -> nn.Sequential:
     """[..., FRAME_STACK, 84, 84] uint8 frames -> a Q-value per action, its convolutions in
-    the channels-last memory format with ``channels_last``."""
-    network = nn.Sequential(
-        ScaledFrames(channels_last),
-        ConvNet(in_features=FRAME_STACK, activation_class=nn.ReLU, **NATURE_CONVOLUTIONS),
-        MLP(
-            in_features=NATURE_FEATURES,
-            out_features=actions,
-            num_cells=[NATURE_HIDDEN],
-            activation_class=nn.ReLU,
-        ),
-    )
+    the channels-last memory format with ``channels_last``; with ``dueling``, the sum of a
+    state value and the action's advantage less their mean, each read from the
+    convolutions by its own hidden layer."""
+    convolutions = {"in_features": FRAME_STACK, "activation_class": nn.ReLU, **NATURE_CONVOLUTIONS}
+    head = {
+        "in_features": NATURE_FEATURES,
+        "num_cells": [NATURE_HIDDEN],
+        "activation_class": nn.ReLU,
+    }
+    if dueling:  # ReLUs as DrQ(eps)'s network (TorchRL's default is ELU)
+        q_values = [DuelingCnnDQNet(actions, 1, cnn_kwargs=convolutions, mlp_kwargs=head)]
+    else:
+        q_values = [ConvNet(**convolutions), MLP(out_features=actions, **head)]
+    network = nn.Sequential(ScaledFrames(channels_last), *q_values)
     if channels_last:  # the convolutions' weights; the Linear layers' have no such format
         network.to(memory_format=torch.channels_last)
     return network
@@ -144,16 +153,16 @@ class EvaluationEpsilon(EGreedyModule):
 
 def make_qvalue_actor(
     network: NetworkConfig,
+    dqn: DQNConfig,
     observation_dim: int | None,
     goal_dim: int | None,
     action_spec: TensorSpec,
-    channels_last: bool = False,
 ) -> TensorDictModuleBase:
     """Observation -> Q-value of every action -> greedy action: an MLP (over the
     observation and the desired goal where the env observes one, ``goal_dim``), or with
     ``network.recurrent=lstm`` an MLP embedding, an LSTM and a one-layer MLP Q-head; the
     Nature CNN for stacked frames (``observation_dim`` None), in the channels-last memory
-    format with ``channels_last``.
+    format with ``dqn.channels_last``, with a dueling head with ``dqn.dueling``.
 
     The LSTM reads its state from ``RECURRENT_STATE_KEYS`` and writes the next one under
     ``("next", key)``; one step at a time it starts from zeros where ``is_init`` marks an
@@ -162,7 +171,9 @@ def make_qvalue_actor(
     actions = action_spec.shape[-1]
     if observation_dim is None:
         return QValueActor(
-            nature_cnn(actions, channels_last), in_keys=[PIXELS_KEY], spec=action_spec
+            nature_cnn(actions, dqn.channels_last, dqn.dueling),
+            in_keys=[PIXELS_KEY],
+            spec=action_spec,
         )
     if network.recurrent == "none":
         in_keys, in_features = network_inputs(observation_dim, goal_dim)
@@ -234,9 +245,7 @@ class DQN(Algorithm):
         it deterministically, which leaves the greedy action, or with ``dqn.eval_eps`` a
         random one that often (:class:`EvaluationEpsilon`)."""
         dqn = config.dqn
-        actor = make_qvalue_actor(
-            config.network, observation_dim, goal_dim, action_spec, dqn.channels_last
-        )
+        actor = make_qvalue_actor(config.network, dqn, observation_dim, goal_dim, action_spec)
         explore = EGreedyModule(
             action_spec,
             eps_init=dqn.eps_start,
@@ -250,13 +259,19 @@ class DQN(Algorithm):
 
     @classmethod
     def check(cls, config: Config) -> None:
-        """``dqn.random_shift`` shifts the frames of an env that observes frames."""
-        if config.dqn.random_shift and not observes_frames(config.env.name):
-            raise ConfigError(
-                f"dqn.random_shift={config.dqn.random_shift} shifts frames: {config.env.name} "
-                "observes none (set dqn.random_shift=0, or train on an env of frames, e.g. an "
-                "Atari game)"
-            )
+        """``dqn.random_shift`` shifts the frames of an env that observes frames, and
+        ``dqn.dueling`` is a head of the Nature CNN that reads them."""
+        if observes_frames(config.env.name):
+            return
+        for key, value, why in (
+            ("random_shift", config.dqn.random_shift, "shifts frames"),
+            ("dueling", config.dqn.dueling, "is a head of the Nature CNN over frames"),
+        ):
+            if value:
+                raise ConfigError(
+                    f"dqn.{key}={value} {why}: {config.env.name} observes none (set "
+                    f"dqn.{key}={type(value)()}, or train on an env of frames, e.g. an Atari game)"
+                )
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
         self._observation_dim = observation_dim(env)
