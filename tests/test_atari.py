@@ -29,6 +29,7 @@ from rl_app.replay.frames import (
     stack_frames,
 )
 from tests.helpers import TINY_RUN, random_play_batches, run_train
+from tools import dead_units
 from tools.bench.update import as_before, gather_shift
 
 GAME = "BreakoutNoFrameskip-v4"
@@ -278,6 +279,7 @@ def test_the_nature_cnn_update_takes_the_steps_it_took_before(
         (["replay.sampler=uniform", "optim.target=td0"], "replay.sampler"),
         (["replay.slice_len=1"], "replay.slice_len"),
         (["env.name=CartPole-v1"], "dqn.random_shift"),
+        (["env.name=CartPole-v1", "dqn.random_shift=0", "dqn.dueling=true"], "dqn.dueling"),
     ],
 )
 def test_atari_settings_are_checked(tiny_config, overrides: list[str], named: str) -> None:
@@ -285,7 +287,7 @@ def test_atari_settings_are_checked(tiny_config, overrides: list[str], named: st
         tiny_config("dqn.random_shift=4", *overrides, preset="dqn_atari")
 
 
-def test_the_atari_preset_trains_end_to_end_on_the_cpu(tmp_path: Path) -> None:
+def test_the_atari_preset_trains_end_to_end_on_the_cpu(tmp_path: Path, capsys) -> None:
     run_dir = tmp_path / "run"
     result = run_train(
         tmp_path,
@@ -309,3 +311,13 @@ def test_the_atari_preset_trains_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert any("train/loss" in row for row in rows)
     assert "eval/return" in rows[-1]
     assert list((run_dir / "checkpoints").glob("checkpoint-*"))
+    # Its network read by the dead-unit tool: 3 convolutions and the hidden layer.
+    assert dead_units.main([str(run_dir), "--steps", "20"]) == 0
+    report = capsys.readouterr().out.splitlines()
+    assert [line.split(" (")[1].split(" units")[0] for line in report[:4]] == [
+        "32",
+        "64",
+        "64",
+        "512",
+    ]
+    assert report[4].startswith("Q-values: standard deviation across observations")
