@@ -51,6 +51,7 @@ from rl_app.replay import (
     RunReplayBuffer,
     allocate_storage,
     make_replay_buffer,
+    nstep_gamma,
     stored_transition,
 )
 from rl_app.replay.journal import (
@@ -177,6 +178,7 @@ def make_local_replay(
         keys=algorithm.replay_keys(),
         device=devices.learner,
         recurrent_states=algorithm.recurrent_states if config.network.recurrent != "none" else None,
+        nstep_gamma=nstep_gamma(config.optim),
     )
     spec_env.close()
     try:

@@ -28,6 +28,7 @@ from rl_app.replay.frames import (
     reset_trajectory,
     stack_frames,
 )
+from rl_app.replay.nstep import NStepTransitions
 from tests.helpers import TINY_RUN, random_play_batches, run_train
 from tools import dead_units
 from tools.bench.update import as_before, gather_shift
@@ -58,12 +59,15 @@ def atari_config(tiny_config):
     )
 
 
-def stored_buffer(config, play: list[TensorDict], capacity: int, directory: Path):
-    """A buffer of ``capacity`` filled with ``play`` as the loop fills it, batch by batch."""
+def stored_buffer(
+    config, play: list[TensorDict], capacity: int, directory: Path, nstep_gamma: float | None = None
+):
+    """A buffer of ``capacity`` filled with ``play`` as the loop fills it, batch by batch
+    (sampling n-step transitions discounted by ``nstep_gamma`` if given)."""
     replay = ReplayConfig(capacity=capacity, sampler="prioritized_slice", slice_len=SLICE_LEN)
     env = make_env(config.env, config.seed)
     keys = make_algorithm(config, env, torch.device("cpu")).replay_keys()
-    buffer = make_replay_buffer(replay, directory, seed=0, keys=keys)
+    buffer = make_replay_buffer(replay, directory, seed=0, keys=keys, nstep_gamma=nstep_gamma)
     allocate_storage(buffer, stored_transition(env, keys))
     for batch in play:
         buffer.extend(batch)
@@ -120,6 +124,29 @@ def test_rebuilt_stacks_are_the_env_stacks_bit_for_bit(
     assert not (sampled[STEP_KEY] == RESET_STEP).any()  # reset slots are never drawn
     assert (sampled[STEP_KEY] == 0).any() and sampled["next", "done"].any()
     assert_env_stacks(sampled, stacks)
+
+
+def test_an_n_step_transition_has_its_first_steps_stack_and_the_one_after_its_slice(
+    play: list[TensorDict], atari_config, tmp_path: Path
+) -> None:
+    steps = torch.cat(play)
+    stacks = env_stacks(play)
+    by_step = dict(zip(step_keys(steps), steps["next"].unbind(0), strict=True))
+    buffer = stored_buffer(atari_config, play, 4_096, tmp_path, nstep_gamma=0.9)
+    transitions = torch.cat(buffer.sample_batches(32, 20))
+    assert transitions.shape == (32 * 20,) and transitions[LOSS_MASK_KEY].all()
+    assert (transitions["steps_to_next_obs"] == SLICE_LEN).all()
+    assert transitions["next", "terminated"].any()  # slices ending an episode were drawn
+    for row, (trajectory, first) in enumerate(step_keys(transitions)):
+        slice_steps = [by_step[trajectory, first + k] for k in range(SLICE_LEN)]
+        expected = sum(0.9**k * step["reward"] for k, step in enumerate(slice_steps))
+        transition = transitions[row]
+        assert torch.equal(transition[PIXELS_KEY], stacks[trajectory, first][0])
+        assert torch.equal(
+            transition["next", PIXELS_KEY], stacks[trajectory, first + SLICE_LEN - 1][1]
+        )
+        assert torch.allclose(transition["next", "reward"], expected)
+        assert transition["next", "terminated"] == slice_steps[-1]["terminated"]
 
 
 def test_stacks_reaching_overwritten_slots_are_masked_and_the_rest_exact(
@@ -245,11 +272,12 @@ def test_random_shift_gives_the_pixels_of_the_per_pixel_gather(
 def test_the_nature_cnn_update_takes_the_steps_it_took_before(
     play: list[TensorDict], tiny_config, channels_last: bool
 ) -> None:
-    # The Atari-100k update (random shifts, n-step targets, a target copy after every
-    # update) against the update as it was: the gather shift and double DQN's pick of the
-    # next action by the online network, contiguous convolutions. The pick is the target's
-    # own (target and online network are equal at each update): the same steps to the bit;
-    # channels-last convolutions sum in another order: the same up to float rounding.
+    # The Atari-100k update (random shifts, n-step transitions, a dueling head, a target
+    # copy after every update) against the update as it was: the gather shift and double
+    # DQN's pick of the next action by the online network, contiguous convolutions. The pick
+    # is the target's own (target and online network are equal at each update): the same
+    # steps to the bit; channels-last convolutions sum in another order: the same up to
+    # float rounding.
     settings = ["env.name=BreakoutNoFrameskip-v4", f"replay.slice_len={SLICE_LEN}"]
     config = tiny_config(*settings, f"dqn.channels_last={channels_last}", preset="dqn_atari100k")
     before_config = tiny_config(*settings, "dqn.channels_last=false", preset="dqn_atari100k")
@@ -259,9 +287,11 @@ def test_the_nature_cnn_update_takes_the_steps_it_took_before(
     torch.manual_seed(0)
     before = make_algorithm(before_config, env, torch.device("cpu"))
     before_update = as_before(before, config.dqn.random_shift)
-    steps = torch.cat(play)[: 3 * 8 * SLICE_LEN].select(*algorithm.loss.in_keys)
+    # The preset's batches: n-step transitions, one per slice of SLICE_LEN played steps.
+    transitions = NStepTransitions(config.optim.gamma, SLICE_LEN)
+    steps = transitions(torch.cat(play)[: 3 * 8 * SLICE_LEN])
     exact = {"rtol": 0, "atol": 0} if not channels_last else {"rtol": 1e-4, "atol": 1e-6}
-    for batch in steps.reshape(3, 8, SLICE_LEN):
+    for batch in steps.select(*algorithm.loss.in_keys, "steps_to_next_obs").reshape(3, 8):
         with torch.random.fork_rng():
             metrics = algorithm.update(batch.clone())
         expected = before_update(batch.clone())

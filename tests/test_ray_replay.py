@@ -196,10 +196,13 @@ def test_a_resume_restores_every_stored_transition(shared_ray, tiny_config) -> N
         (["collector.mode=async"], "replay.service=ray needs collector.mode=ray"),
         (["replay.sampler=prioritized_sequence"],
          "replay.sampler='prioritized_sequence' is not accepted with replay.service=ray"),
+        (["optim.target=nstep_transition"],
+         "optim.target='nstep_transition' is not accepted with replay.service=ray"),
         ([f"collector.workers={machine_cpus() + 1}", "ray.worker_cpus=1", "ray.sync=false"],
          "ray.worker_cpus"),
     ],
-    ids=["without_ray_actors", "a_sampler_it_cannot_run", "more_cpus_than_the_machine"],
+    ids=["without_ray_actors", "a_sampler_it_cannot_run", "n_step_transitions",
+         "more_cpus_than_the_machine"],
 )  # fmt: skip
 def test_what_the_service_cannot_run_is_refused_before_anything_is_created(
     tmp_path: Path, args: list[str], named: str

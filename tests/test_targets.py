@@ -4,6 +4,8 @@ priorities are written per step and per slice."""
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ from tensordict import TensorDict
 from rl_app.algorithms import make_algorithm
 from rl_app.config import ConfigError, ReplayConfig
 from rl_app.envs import make_env
+from rl_app.logger import read_metrics
 from rl_app.replay import (
     PRIORITY_KEY,
     SLICE_PRIORITY_ETA,
@@ -20,7 +23,8 @@ from rl_app.replay import (
     make_replay_buffer,
     write_priorities,
 )
-from tests.helpers import random_play
+from rl_app.replay.nstep import NStepTransitions
+from tests.helpers import TINY_RUN, random_play, run_train
 
 TARGETS = ["td0", "nstep", "td_lambda"]
 
@@ -130,6 +134,61 @@ def test_the_multi_step_target_the_loss_uses_is_the_return_computed_by_hand(
     # DQNLoss writes the squared TD error of each step.
     td_error = batch[PRIORITY_KEY].squeeze(-1)
     assert torch.allclose(td_error, (predicted - expected) ** 2, rtol=1e-5, atol=1e-5)
+
+
+def test_an_n_step_transition_target_is_the_slice_return_computed_by_hand(tiny_config) -> None:
+    config = tiny_config("optim.target=nstep_transition", preset="dqn_cartpole")
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    gamma = config.optim.gamma
+    slices = hand_built_slices()[:2]  # a plain slice end, and a termination at the end
+    transitions = NStepTransitions(gamma, 4)(slices.reshape(-1))
+    assert transitions.shape == (2,)
+    assert torch.equal(transitions["observation"], slices["observation"][:, 0])
+    assert torch.equal(transitions["next", "observation"], slices["next", "observation"][:, -1])
+    qvalues = algorithm.policy[0]  # the target network starts as a copy of it
+    with torch.no_grad():
+        next_value = qvalues(transitions["next"].clone())["action_value"].amax(-1)
+        predicted = (qvalues(transitions.clone())["action_value"] * transitions["action"]).sum(-1)
+        algorithm.loss(transitions)
+    rewards = slices["next", "reward"].squeeze(-1)
+    discounted = [sum(gamma**k * rewards[row, k] for k in range(4)) for row in range(2)]
+    expected = torch.stack([discounted[0] + gamma**4 * next_value[0], discounted[1]])
+    td_error = transitions[PRIORITY_KEY].squeeze(-1)  # squared, as DQNLoss writes it
+    assert torch.allclose(td_error, (predicted - expected) ** 2, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["replay.sampler=prioritized_sequence"], "replay.sampler='prioritized_sequence'"),
+        (["network.recurrent=lstm"], "network.recurrent='lstm'"),
+        (["replay.her_ratio=0.5"], "replay.her_ratio=0.5"),
+    ],
+)
+def test_n_step_transitions_refuse_what_is_not_a_slice_of_single_transitions(
+    overrides: list[str], named: str, tiny_config
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        tiny_config("optim.target=nstep_transition", *overrides, preset="dqn_cartpole")
+    # A batch counts transitions: no multiple of the slice length needed.
+    tiny_config("optim.target=nstep_transition", "optim.batch_size=30", preset="dqn_cartpole")
+
+
+def test_a_run_learns_from_n_step_transitions_end_to_end(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_train(
+        tmp_path,
+        "--config",
+        "dqn_cartpole",
+        *TINY_RUN,
+        f"run_dir={run_dir}",
+        "optim.target=nstep_transition",
+        "optim.batch_size=30",  # transitions, not a multiple of replay.slice_len
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_metrics(run_dir)
+    assert rows[-1]["frames"] == 1200 and "eval/return" in rows[-1]
+    assert all(math.isfinite(row["train/loss"]) for row in rows if "train/loss" in row)
 
 
 def test_slice_priorities_follow_the_documented_formula_and_steer_sampling(

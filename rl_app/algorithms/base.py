@@ -38,11 +38,13 @@ from rl_app.upstream.torch import EAGER_SPLIT
 
 # optim.target -> TorchRL's estimator. Over a [slices, slice_len] batch TD1 sums the
 # discounted rewards up to the slice end and bootstraps there: an n-step return with n the
-# steps left in the slice.
+# steps left in the slice. An n-step transition (rl_app.replay.nstep) carries its summed
+# rewards, and TD0 bootstraps it with gamma to the power of its steps_to_next_obs.
 VALUE_ESTIMATORS = {
     "td0": ValueEstimators.TD0,
     "nstep": ValueEstimators.TD1,
     "td_lambda": ValueEstimators.TDLambda,
+    "nstep_transition": ValueEstimators.TD0,
 }
 
 

@@ -155,8 +155,10 @@ class OptimConfig:
     target: str = setting(
         "td0",
         "value target: td0 | nstep (rewards to the slice end, then bootstrap) | td_lambda "
-        "(TD(lambda) over each slice); multi-step targets need a slice sampler",
-        choices=("td0", "nstep", "td_lambda"),
+        "(TD(lambda) over each slice) | nstep_transition (each sampled slice is one n-step "
+        "transition, its first step's, n = replay.slice_len; optim.batch_size counts "
+        "transitions); multi-step targets need a slice sampler",
+        choices=("td0", "nstep", "td_lambda", "nstep_transition"),
     )
     lmbda: float = setting(0.9, "lambda of optim.target=td_lambda", at_least=0, at_most=1)
     compile: bool = setting(

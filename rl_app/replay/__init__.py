@@ -18,6 +18,8 @@ from the settings that ask for it; a run that does not ask for it never runs its
   and a buffer subclass), ``replay.sampler=prioritized_sequence``;
 - :mod:`~rl_app.replay.recurrent`: recurrent states recomputed and written back after the
   updates (a write-back part), with a recurrent network;
+- :mod:`~rl_app.replay.nstep`: each sampled slice turned into one n-step transition (a
+  part of the buffer's sampling), ``optim.target=nstep_transition``;
 - :mod:`~rl_app.replay.journal`: the undo journal that checkpoints restore the storage with.
 
 The same buffer may instead live in a Ray actor that the ``collector.mode=ray`` actors
@@ -31,6 +33,7 @@ default buffer runs none of the features).
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -59,7 +62,7 @@ from rl_app.replay.buffer import (
     write_priorities,
 )
 from rl_app.replay.checks import samples_sequences
-from rl_app.replay.frames import NEXT_FRAME_KEY, StoredFrames
+from rl_app.replay.frames import NEXT_FRAME_KEY, StoredFrames, stack_frames
 from rl_app.replay.hindsight import hindsight_buffer
 from rl_app.replay.journal import JournaledStorage
 from rl_app.replay.keys import (
@@ -69,6 +72,7 @@ from rl_app.replay.keys import (
     SLOT_KEY,
     TRAJECTORY_KEY,
 )
+from rl_app.replay.nstep import NStepTransitions, nstep_gamma
 from rl_app.replay.recurrent import StateRefresh
 from rl_app.replay.sequences import SequenceReplayBuffer, sequence_unit
 from rl_app.upstream.torchrl import VectorizedSliceSampler, gymnasium_env, lay_out_storage
@@ -84,6 +88,7 @@ __all__ = [
     "allocate_storage",
     "make_replay_buffer",
     "make_sampler",
+    "nstep_gamma",
     "slice_priorities",
     "stored_transition",
     "write_priorities",
@@ -128,6 +133,7 @@ def make_replay_buffer(
     keys: list[NestedKey] | None = None,
     device: torch.device | str = "cpu",
     recurrent_states: Callable[[TensorDictBase], TensorDictBase] | None = None,
+    nstep_gamma: float | None = None,
 ) -> RunReplayBuffer:
     """A buffer of ``replay.capacity`` transitions memory-mapped under ``scratch_dir``, or
     held in GPU memory when ``replay.device`` is a GPU (a memory map lives on the host),
@@ -139,7 +145,9 @@ def make_replay_buffer(
     frames stored once (``keys`` store frames), hindsight relabelling (``replay.her_ratio``,
     with the reward and termination of goal env ``env``), Sequence windows
     (``replay.sampler=prioritized_sequence``), recurrent states recomputed by
-    ``recurrent_states`` after the updates (given with a recurrent network)."""
+    ``recurrent_states`` after the updates (given with a recurrent network), a slice
+    sampler's slices turned into n-step transitions discounted by ``nstep_gamma``
+    (``optim.target=nstep_transition``)."""
     generator = torch.Generator()
     generator.manual_seed(seed)
     if replay.device.startswith("cuda"):
@@ -158,10 +166,14 @@ def make_replay_buffer(
         "slice_len": replay.slice_len if samples_sequences(replay.sampler) else None,
         "device": device,
     }
+    stack = None
     if keys is not None and NEXT_FRAME_KEY in keys:  # frames stored once (frame_replay_keys)
         # The reset slots are made of the observation's newest frame.
         parts["collected_keys"].append(FRAME_KEY)
-        parts["transform"] = StoredFrames(storage)
+        parts["transform"] = StoredFrames(storage, stack_samples=nstep_gamma is None)
+        stack = functools.partial(stack_frames, storage)
+    if nstep_gamma is not None:
+        parts["nstep"] = NStepTransitions(nstep_gamma, replay.slice_len, stack)
     if recurrent_states is not None:
         parts["refresh"] = StateRefresh(recurrent_states, write=replay.refresh_states)
     if replay.her_ratio:

@@ -28,7 +28,9 @@ class RunReplayBuffer(TensorDictReplayBuffer):
 
     ``collected_keys``: what it keeps of a collected frame (None: everything it is given);
     ``slice_len``: the steps of a sampled slice (None: transitions); ``device``: where sampled
-    batches go; ``refresh``: what a write-back does besides priorities."""
+    batches go; ``refresh``: what a write-back does besides priorities; ``nstep``: what turns
+    each sampled slice into one n-step transition (:mod:`rl_app.replay.nstep`; None: batches
+    are the slices)."""
 
     def __init__(
         self,
@@ -37,6 +39,7 @@ class RunReplayBuffer(TensorDictReplayBuffer):
         slice_len: int | None = None,
         device: torch.device | str = "cpu",
         refresh: WriteBack | None = None,
+        nstep: Callable[[TensorDictBase], TensorDictBase] | None = None,
         **parts: Any,
     ) -> None:
         super().__init__(**parts)
@@ -44,6 +47,7 @@ class RunReplayBuffer(TensorDictReplayBuffer):
         self.slice_len = slice_len
         self.device = device
         self.refresh = refresh
+        self.nstep = nstep
 
     def extend(self, batch: TensorDictBase, **options: Any) -> torch.Tensor:
         """Store the frames of a collected ``batch`` (of any shape), in one write."""
@@ -54,13 +58,17 @@ class RunReplayBuffer(TensorDictReplayBuffer):
     def sample_batches(self, batch_size: int, count: int) -> list[TensorDictBase]:
         """``count`` batches of ``batch_size`` for as many updates, drawn in one sampler
         call and moved to ``device`` at once: ``[slices, slice_len]`` steps (time last)
-        from a slice sampler, ``[batch_size]`` transitions from the others.
+        from a slice sampler, ``[batch_size]`` transitions from the others, and
+        ``[batch_size]`` n-step transitions, one per slice, with ``nstep``.
 
         One call instead of ``count`` spares the sampler's fixed cost per call. Drawn
         together, the batches all see the priorities as they stood before the first of
         their updates (:meth:`write_back` then writes the new ones together). A slice
         sampler returns its slices one after the other, each in time order, so the flat
         sample reshapes into one slice per row."""
+        if self.nstep is not None:  # batch_size transitions, a slice each
+            slices = self.dealt_out(self.sample(count * batch_size * self.slice_len), count)
+            return list(self.nstep(slices).to(self.device).reshape(count, -1).unbind(0))
         sample = self.dealt_out(self.sample(count * batch_size), count).to(self.device)
         if self.slice_len is not None:
             return list(sample.reshape(count, -1, self.slice_len).unbind(0))

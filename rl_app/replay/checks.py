@@ -7,6 +7,9 @@ from __future__ import annotations
 from rl_app.config import Config, ConfigError
 
 SEQUENCE_SAMPLERS = ("prioritized_slice", "slice", "prioritized_sequence")
+# The samplers of slices of stored steps, which n-step transitions are made of.
+SLICE_SAMPLERS = ("prioritized_slice", "slice")
+NSTEP_TRANSITION = "nstep_transition"
 # What hindsight relabelling can relabel: transitions and slices.
 HER_SAMPLERS = ("prioritized_slice", "slice", "prioritized", "uniform")
 
@@ -17,13 +20,32 @@ def samples_sequences(sampler: str) -> bool:
 
 
 def check_value_target(config: Config) -> None:
-    """Multi-step targets run along the time dimension of sampled slices."""
+    """Multi-step targets run along the time dimension of sampled slices; an n-step
+    transition is made of a slice of stored steps (not a padded Sequence window), and it
+    is one transition: neither a sequence for a recurrent network nor a slice of one goal
+    for hindsight relabelling."""
     target, sampler = config.optim.target, config.replay.sampler
     if target != "td0" and not samples_sequences(sampler):
         raise ConfigError(
             f"optim.target={target!r} needs a sequence sampler (replay.sampler="
             f"{', '.join(SEQUENCE_SAMPLERS)}): replay.sampler={sampler!r} samples single steps"
         )
+    if target != NSTEP_TRANSITION:
+        return
+    if sampler not in SLICE_SAMPLERS:
+        raise ConfigError(
+            f"optim.target={target!r} makes its transitions of slices: replay.sampler="
+            f"{sampler!r} is not accepted; choose one of {', '.join(SLICE_SAMPLERS)}"
+        )
+    for setting, value, off in (
+        ("network.recurrent", config.network.recurrent, "none"),
+        ("replay.her_ratio", config.replay.her_ratio, 0),
+    ):
+        if value != off:
+            raise ConfigError(
+                f"{setting}={value!r} is not accepted with optim.target={target!r}, which "
+                f"learns from single transitions: set {setting}={off}, or optim.target=nstep"
+            )
 
 
 def check_capacity(config: Config) -> None:
@@ -93,7 +115,7 @@ def check_slices(config: Config, episode_len: int | None) -> None:
             f"{keys}={window} is out of range: {config.env.name} episodes last at most "
             f"{episode_len} steps"
         )
-    if config.optim.batch_size % replay.slice_len:
+    if config.optim.batch_size % replay.slice_len and config.optim.target != NSTEP_TRANSITION:
         raise ConfigError(
             f"optim.batch_size={config.optim.batch_size} is not accepted: with a slice "
             f"sampler it must be a multiple of replay.slice_len={replay.slice_len}"

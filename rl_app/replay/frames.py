@@ -61,17 +61,19 @@ class StoredFrames(Transform):
     """The buffer transform of frames stored once in ``storage``: ``extend`` hands its
     inverse collected steps with their observation's newest frame (``FRAME_KEY``), which it
     stores in reset slots (:func:`with_reset_slots`); each sample gets its stacks
-    (:func:`stack_frames`)."""
+    (:func:`stack_frames`), unless ``stack_samples`` is off: the buffer then rebuilds only
+    the stacks it keeps of a sample (n-step transitions, :mod:`rl_app.replay.nstep`)."""
 
-    def __init__(self, storage: TensorStorage) -> None:
+    def __init__(self, storage: TensorStorage, stack_samples: bool = True) -> None:
         super().__init__()
         self.storage = storage
+        self.stack_samples = stack_samples
 
     def _inv_call(self, steps: TensorDictBase) -> TensorDictBase:
         return with_reset_slots(steps.exclude(FRAME_KEY), steps[FRAME_KEY])
 
     def forward(self, sample: TensorDictBase) -> TensorDictBase:
-        return stack_frames(self.storage, sample)
+        return stack_frames(self.storage, sample) if self.stack_samples else sample
 
 
 def with_reset_slots(steps: TensorDictBase, frames: torch.Tensor) -> TensorDictBase:

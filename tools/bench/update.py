@@ -20,7 +20,13 @@ import torch
 from rl_app.algorithms import Algorithm, make_algorithm
 from rl_app.checks import load_config
 from rl_app.envs import FRAME_KEY, PIXELS_KEY, make_env
-from rl_app.replay import TRAJECTORY_KEY, allocate_storage, make_replay_buffer, stored_transition
+from rl_app.replay import (
+    TRAJECTORY_KEY,
+    allocate_storage,
+    make_replay_buffer,
+    nstep_gamma,
+    stored_transition,
+)
 from rl_app.upstream.torch import MatmulFlops
 from tools.bench.shared import random_play, random_play_batches
 
@@ -240,13 +246,15 @@ NATURE_VARIANTS: dict[str, NatureVariant] = {
 
 def nature_batch(base: list[str]) -> Any:
     """A batch of the Atari-100k preset sampled as training samples it (stacks rebuilt
-    from stored frames, ``[slices, slice_len]``) from random play."""
+    from stored frames, one n-step transition per sampled slice) from random play."""
     config = load_config(NATURE_PRESET, [*base, "device=cpu", "replay.capacity=1000"])
     env = make_env(config.env, config.seed)
     keys = make_algorithm(config, env, torch.device("cpu")).replay_keys()
     with tempfile.TemporaryDirectory() as scratch:
-        replay = config.replay
-        buffer = make_replay_buffer(replay, Path(scratch), config.seed, env, keys=keys)
+        gamma = nstep_gamma(config.optim)
+        buffer = make_replay_buffer(
+            config.replay, Path(scratch), config.seed, env, keys=keys, nstep_gamma=gamma
+        )
         allocate_storage(buffer, stored_transition(env, keys))
         frames = config.collector.frames_per_batch
         for play in random_play_batches(env, NATURE_PLAY_FRAMES, frames):
@@ -304,9 +312,9 @@ def bench_nature_update(base: list[str]) -> dict[str, Any]:
 def print_nature_update(nature: dict[str, Any]) -> None:
     shifts = list(nature[NATURE_BEFORE])
     print(
-        f"\n== Nature-CNN DQN update ({NATURE_PRESET}: batch {nature['batch_size']} in slices, "
-        "n-step targets, Huber loss, Adam, a target copy after every update; one thread "
-        "unless named; medians; ratios against the first row, in the same run)"
+        f"\n== Nature-CNN DQN update ({NATURE_PRESET}: {nature['batch_size']} n-step "
+        "transitions, a dueling head, Huber loss, Adam, a target copy after every update; one "
+        "thread unless named; medians; ratios against the first row, in the same run)"
     )
     titles = ["no shift" if key == "shift_0" else f"shifts of {key[6:]} px" for key in shifts]
     print(f"  {'variant':<48} " + "  ".join(f"{title:<33}" for title in titles))

@@ -1,0 +1,62 @@
+"""n-step transitions from sampled slices (``optim.target=nstep_transition``): each slice
+of ``replay.slice_len`` steps becomes one transition, its first step's, whose reward is
+the discounted sum of the slice's rewards and whose next observation is the one after the
+slice's last step. A batch of them is the batch of n-step DQN as Rainbow and DrQ(eps)
+sample it: as many independent places as transitions, each with an n-step target, where
+learning along slices (``optim.target=nstep``) draws a few places and learns every step
+of each with the steps left to its end.
+
+The loss bootstraps with ``gamma ** n`` (TorchRL's TD(0) estimator reads the steps to the
+next observation from ``"steps_to_next_obs"``) unless the slice's last step terminated.
+The slice samplers keep a slice inside one trajectory, so only its last step can end an
+episode. With frames stored once (:mod:`rl_app.replay.frames`) only the two stacks a
+transition needs are rebuilt: its first step's and the last step's next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from tensordict import TensorDictBase
+
+from rl_app.config import OptimConfig
+from rl_app.replay.keys import LOSS_MASK_KEY
+
+# Where TorchRL's value estimators read the steps between an observation and the next one.
+STEPS_TO_NEXT_OBS = "steps_to_next_obs"
+
+
+def nstep_gamma(optim: OptimConfig) -> float | None:
+    """The discount of the n-step transitions ``optim.target`` asks for (None: none)."""
+    return optim.gamma if optim.target == "nstep_transition" else None
+
+
+class NStepTransitions:
+    """Sampled slices of ``slice_len`` steps (a flat sample, one slice after the other) ->
+    one transition per slice, discounted by ``gamma``; ``stack`` rebuilds a sample's frame
+    stacks when the buffer stores frames once (None: it stores whole observations)."""
+
+    def __init__(
+        self,
+        gamma: float,
+        slice_len: int,
+        stack: Callable[[TensorDictBase], TensorDictBase] | None = None,
+    ) -> None:
+        self.slice_len = slice_len
+        self.discounts = gamma ** torch.arange(slice_len, dtype=torch.float32)
+        self.stack = stack
+
+    def __call__(self, sample: TensorDictBase) -> TensorDictBase:
+        slices = sample.reshape(-1, self.slice_len)
+        first, last = slices[:, 0].clone(), slices[:, -1].clone()
+        if self.stack is not None:
+            first, last = self.stack(first), self.stack(last)
+        rewards = slices["next", "reward"]
+        discounts = self.discounts.to(rewards.device).reshape(1, -1, *[1] * (rewards.ndim - 2))
+        first["next"] = last["next"]  # the observation after the slice, and how it ended
+        first["next", "reward"] = (rewards * discounts).sum(dim=1)
+        first[STEPS_TO_NEXT_OBS] = torch.full_like(first["next", "reward"], self.slice_len)
+        if LOSS_MASK_KEY in first.keys():  # a stack that could not be rebuilt whole
+            first[LOSS_MASK_KEY] = first[LOSS_MASK_KEY] & last[LOSS_MASK_KEY]
+        return first
