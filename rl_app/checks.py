@@ -208,8 +208,11 @@ def check_replay_service(config: Config) -> None:
         refused = f"network.recurrent={config.network.recurrent!r}", "states need the learner"
     elif observes_frames(config.env.name):
         refused = f"env.name={config.env.name!r}", "frames stored once need the learner's env"
-    elif config.optim.target == "nstep_transition":
-        refused = "optim.target='nstep_transition'", "the service samples slices as they are"
+    elif config.optim.target == replay_checks.NSTEP_TRANSITION:
+        refused = (
+            f"optim.target={replay_checks.NSTEP_TRANSITION!r}",
+            "the service samples slices as they are",
+        )
     if refused is not None:
         setting, why = refused
         raise ConfigError(

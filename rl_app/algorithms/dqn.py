@@ -263,21 +263,24 @@ class DQN(Algorithm):
         ``dqn.dueling`` is a head of the Nature CNN that reads them."""
         if observes_frames(config.env.name):
             return
-        frames_only = []
         if config.dqn.random_shift:
-            frames_only.append(
-                (f"random_shift={config.dqn.random_shift}", "random_shift=0", "shifts frames")
+            given, off, why = (
+                f"random_shift={config.dqn.random_shift}",
+                "random_shift=0",
+                "shifts frames",
             )
-        if config.dqn.dueling:
-            frames_only.append(
-                ("dueling=true", "dueling=false", "is a head of the Nature CNN over frames")
+        elif config.dqn.dueling:
+            given, off, why = (
+                "dueling=true",
+                "dueling=false",
+                "is a head of the Nature CNN over frames",
             )
-        if frames_only:
-            given, off, why = frames_only[0]
-            raise ConfigError(
-                f"dqn.{given} {why}: {config.env.name} observes none (set dqn.{off}, or "
-                "train on an env of frames, e.g. an Atari game)"
-            )
+        else:
+            return
+        raise ConfigError(
+            f"dqn.{given} {why}: {config.env.name} observes none (set dqn.{off}, or "
+            "train on an env of frames, e.g. an Atari game)"
+        )
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
         self._observation_dim = observation_dim(env)
