@@ -142,6 +142,18 @@ def test_distributed_collector_still_stops_at_once_when_frames_are_minus_one() -
     assert "while total_frames < self.total_frames" in source
 
 
+def test_distributed_collectors_still_split_the_warm_up() -> None:
+    from torchrl.collectors.distributed import RPCCollector
+
+    from rl_app.upstream.torchrl import split_warm_up
+
+    for collector in (DistributedCollector, RPCCollector):
+        assert "init_random_frames // self.num_workers" in inspect.getsource(collector.__init__)
+    # 401 frames among 2 workers: shares of 201, not TorchRL's 200 of 401 // 2.
+    assert split_warm_up(401, 2) // 2 == 201
+    assert split_warm_up(400, 2) == 400
+
+
 def test_distributed_collector_still_shifts_ids() -> None:
     assert "traj_ids[i] += traj_ids[i - 1].max()" in inspect.getsource(
         DistributedCollector._next_sync

@@ -19,7 +19,6 @@ TorchRL 0.14.1 itself is in :mod:`rl_app.upstream`):
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import time
 from collections.abc import Iterator
@@ -38,6 +37,7 @@ from rl_app.launch.cluster import JOB_DIR, collection_job_settings, make_executo
 from rl_app.replay import TRAJECTORY_KEY
 from rl_app.upstream.torchrl import (
     ExecutorDistributedCollector,
+    split_warm_up,
     undo_trajectory_id_shifts,
     weight_sync_kept_open,
 )
@@ -182,8 +182,7 @@ def make_collection_jobs(config: Config, policy_factory: Any, devices: Any) -> S
             "track_policy_version": True,
             "compile_policy": settings.compile_policy,
         },
-        # TorchRL gives each job init_random_frames // nodes.
-        init_random_frames=settings.nodes * math.ceil(settings.init_random_frames / settings.nodes),
+        init_random_frames=split_warm_up(settings.init_random_frames, settings.nodes),
         env_device=devices.env,
         policy_device=devices.policy,
         storing_device=devices.storage,

@@ -27,7 +27,6 @@ while the worker is acting (``rpc.sync=false`` is refused, docs/scale-out.md).
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -56,6 +55,7 @@ from rl_app.upstream.torchrl import (
     free_local_port,
     rpc_started_in_this_process,
     rpc_worker_of,
+    split_warm_up,
     undo_rpc_trajectory_id_shift,
 )
 
@@ -227,8 +227,7 @@ def make_rpc_collector(
         ],
         policy_factory=policy_factory,
         frames_per_batch=settings.frames_per_batch,
-        # TorchRL gives each worker init_random_frames // workers.
-        init_random_frames=workers * math.ceil(settings.init_random_frames / workers),
+        init_random_frames=split_warm_up(settings.init_random_frames, workers),
         collector_class=Collector,
         collector_kwargs=remote_collector_kwargs(workers, settings.compile_policy),
         tcp_port=settings.port or free_local_port(),

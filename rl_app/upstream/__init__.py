@@ -8,11 +8,12 @@ failing (or can be deleted) once the library changes that behaviour.
 
 - :mod:`rl_app.upstream.torchrl`: TorchRL 0.14.1 (the Gymnasium env inside a TorchRL env,
   a collector's next step, weight pushes to worker processes, the distributed collector on
-  submitit, an LSTM unrolled over sequences, the thread count a closing batch of envs
-  sets, SACLoss's lazily created buffer, lazy storages, a replay buffer's state without its
-  data, the prioritized slice sampler's slice starts recomputed over the buffer after every
-  extend, HERReplayBuffer's hooks, the bytes a buffer keeps per slot, the RPC collector on local
-  processes and SLURM jobs).
+  submitit and the random warm-up it splits among workers, an LSTM unrolled over
+  sequences, the thread count a closing batch of envs sets, SACLoss's lazily created
+  buffer, lazy storages, a replay buffer's state without its data, the prioritized slice
+  sampler's slice starts recomputed over the buffer after every extend, HERReplayBuffer's
+  hooks, the bytes a buffer keeps per slot, the RPC collector on local processes and SLURM
+  jobs).
 - :mod:`rl_app.upstream.ray`: Ray 2.60.0 with TorchRL 0.14.1's ``RayCollector`` (which actor
   stopped, a collector actor's truth, warnings that do not apply, an endless collector, the
   random warm-up of actors sharing a buffer, a replay buffer owned by a Ray actor);

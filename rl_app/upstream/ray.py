@@ -4,7 +4,6 @@ of their behaviours (the index is in :mod:`rl_app.upstream`). Imported only by
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +12,8 @@ from typing import Any
 from ray.actor import ActorHandle
 from torchrl.collectors import Collector
 from torchrl.data import ReplayBuffer
+
+from rl_app.upstream.torchrl import split_warm_up
 
 # -- 1. which actor a failure came from ----------------------------------------------------
 
@@ -91,7 +92,7 @@ def warm_up_frames(init_random_frames: int, workers: int, shared_buffer: bool) -
     ``test_a_collector_writing_into_a_buffer_still_counts_the_buffer_s_frames``."""
     if shared_buffer:
         return workers * init_random_frames
-    return workers * math.ceil(init_random_frames / workers)
+    return split_warm_up(init_random_frames, workers)
 
 
 # -- 4. a replay buffer owned by a Ray actor -------------------------------------------------

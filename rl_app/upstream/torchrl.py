@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -129,6 +130,14 @@ def release_weights_lock(module: Any, args: Any, output: Any) -> None:
 # count no run reaches. Test: ``test_distributed_collector_still_takes_its_join_wait_in_days``
 # guards this module's reading of that file.
 UNBOUNDED_FRAMES = 2**62
+
+
+def split_warm_up(init_random_frames: int, workers: int) -> int:
+    """What to hand a distributed collector (submitit, RPC, Ray) for ``init_random_frames``
+    random frames in all: it gives each of its ``workers`` a ``// workers`` share, which
+    drops the remainder; here each share is rounded up to whole frames instead. Test:
+    ``test_distributed_collectors_still_split_the_warm_up``."""
+    return workers * math.ceil(init_random_frames / workers)
 
 
 class ExecutorDistributedCollector(DistributedCollector):
