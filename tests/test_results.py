@@ -1,9 +1,13 @@
 """``make results``' summary: final returns over seeds, the table and the figure, made by
-``rl_app.compare``'s functions."""
+``rl_app.compare``'s functions; a stop or a run directory in use ends the tool with one
+line, summarizing nothing."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -11,7 +15,13 @@ import pytest
 from rl_app.checks import load_config
 from rl_app.compare import groups_table, plot_comparison, read_run, summarize_group
 from rl_app.config import to_yaml
+from rl_app.logger import read_metrics
+from tests.helpers import PYTHON, ROOT, TINY_RUN, hold_lock_in_another_process, wait_for
+from tests.slow_eval_envs import SLOW_EVAL, SLOW_STEP_S, STEP_SECONDS_VARIABLE
 from tools.results import ENTRIES, entry_settings, main, parse_args, store_summaries
+
+# An entry of a few seconds a seed, whose evaluations are slow when asked to be.
+TINY_ENTRY = ("default", [*TINY_RUN, *SLOW_EVAL])
 
 
 def fake_run(run_dir: Path, evals: list[float], wall_seconds: float) -> Path:
@@ -99,3 +109,61 @@ def test_a_random_policy_is_scored_on_each_seeds_evaluation_episodes(tmp_path: P
     assert again["dqn_cartpole"]["eval_returns"] == [seed_1] and seed_2 != seed_1
     # CartPole's random episodes last about 20 steps: nowhere near its 500.
     assert 9 < seed_1 < 50
+
+
+def tiny_entry_args(tmp_path: Path) -> list[str]:
+    return [
+        "--entries", "tiny", "--seeds", "1", "2", "--root", str(tmp_path / "runs"),
+        "--store", str(tmp_path / "results.json"), "--figure", str(tmp_path / "results.png"),
+    ]  # fmt: skip
+
+
+def test_a_stop_ends_the_tool_unsummarized_and_the_same_command_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = tiny_entry_args(tmp_path)
+    program = (
+        "import sys; from tools.results import ENTRIES, main\n"
+        f"ENTRIES['tiny'] = {TINY_ENTRY!r}\n"
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    process = subprocess.Popen(
+        [PYTHON, "-c", program, *args],
+        cwd=ROOT,
+        env={**os.environ, STEP_SECONDS_VARIABLE: SLOW_STEP_S},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seed_1 = tmp_path / "runs" / "tiny-seed1"
+    # Seed 1's first iteration is logged: the signal comes in its second, whose 20 s
+    # evaluation is due.
+    wait_for("seed 1's first iteration", lambda: read_metrics(seed_1), 60)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 1, stderr
+    assert f"stopped by SIGTERM in {seed_1}; nothing summarized" in stderr
+    assert "Traceback" not in stderr
+    assert not (tmp_path / "runs" / "tiny-seed2").exists()
+    assert not (tmp_path / "results.json").exists()
+
+    monkeypatch.setitem(ENTRIES, "tiny", TINY_ENTRY)  # evaluations at full speed now
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "results.json").read_text())["tiny"]
+    assert summary["frames"] == 1200 and len(summary["final_eval_returns"]) == 2
+
+
+def test_a_run_directory_in_use_ends_the_tool_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setitem(ENTRIES, "tiny", TINY_ENTRY)
+    holder = hold_lock_in_another_process(tmp_path / "runs" / "tiny-seed1", 60)
+    try:
+        assert main(tiny_entry_args(tmp_path)) == 2
+    finally:
+        holder.kill()
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: run_dir='{tmp_path / 'runs' / 'tiny-seed1'}' is in use")
+    assert len(error.splitlines()) == 1
+    assert not (tmp_path / "runs" / "tiny-seed2").exists()
+    assert not (tmp_path / "results.json").exists()

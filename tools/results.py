@@ -4,9 +4,10 @@ An entry is a preset, or a preset with overrides (``ENTRIES``: e.g. the feed-for
 the masked CartPole the recurrent preset learns). ``--entries`` also takes any preset in
 ``configs/`` by its name, as it is: a new preset is measured without an entry here. Each
 (entry, seed) trains in ``runs/results/<entry>-seed<seed>`` (a run already complete
-there is not trained again: ``train`` finds its checkpoint and returns). The summary, per
-entry, is ``rl_app.compare``'s: final and best evaluation return (mean ± std over seeds),
-frames, wall time and the learning curve (mean and 95% bootstrap interval over seeds).
+there is not trained again: ``train`` finds its checkpoint and returns; a stopped one
+resumes, and a stop ends the tool, summarizing nothing). The summary, per entry, is
+``rl_app.compare``'s: final and best evaluation return (mean ± std over seeds), frames,
+wall time and the learning curve (mean and 95% bootstrap interval over seeds).
 Summaries are kept per entry in ``--store`` (committed, ``docs/results.json``): entries run
 now replace their stored summary, the others stay, and ``results.md`` next to the runs and
 ``--figure`` show every stored entry. So one preset can be measured again without
@@ -33,9 +34,10 @@ from rl_app.compare import (
     read_run,
     summarize_group,
 )
-from rl_app.config import Config, available_presets
+from rl_app.config import Config, ConfigError, available_presets
 from rl_app.envs import make_env
 from rl_app.evaluation import play_episodes
+from rl_app.loop import RunFailed
 from rl_app.run import train
 
 # name -> (preset, overrides)
@@ -84,6 +86,13 @@ def entry_settings(name: str) -> tuple[str, list[str]]:
 
 def run_dir_of(root: Path, entry: str, seed: int) -> Path:
     return root / f"{entry}-seed{seed}"
+
+
+def run_config(entry: str, seed: int, run_dir: Path) -> Config:
+    """The config of ``entry``'s run of ``seed`` in ``run_dir`` (logged to its files only)."""
+    preset, overrides = entry_settings(entry)
+    settings = [*overrides, f"seed={seed}", f"run_dir={run_dir}", "logger.backend=none"]
+    return load_config(preset, settings)
 
 
 def stored_summaries(store: Path) -> dict[str, GroupSummary]:
@@ -168,14 +177,32 @@ def main(argv: list[str]) -> int:
     if args.random_policy:
         return store_random_policy(args)
 
-    measured = {}
-    for name in args.entries:
-        preset, overrides = entry_settings(name)
-        runs = [run_dir_of(args.root, name, seed) for seed in args.seeds]
-        for seed, run in zip(args.seeds, runs, strict=True):
-            settings = [*overrides, f"seed={seed}", f"run_dir={run}", "logger.backend=none"]
-            train(load_config(preset, settings))
-        measured[name] = summarize_group(name, [read_run(run) for run in runs])
+    runs = {
+        name: [run_dir_of(args.root, name, seed) for seed in args.seeds] for name in args.entries
+    }
+    try:
+        # Every run's settings are checked before the first one trains.
+        configs = [
+            run_config(name, seed, run)
+            for name in args.entries
+            for seed, run in zip(args.seeds, runs[name], strict=True)
+        ]
+        for config in configs:
+            result = train(config)
+            if result.stopped_by is not None:
+                print(
+                    f"stopped by {result.stopped_by} in {config.run_dir}; nothing summarized: "
+                    "the same command resumes it",
+                    file=sys.stderr,
+                )
+                return 1
+    except ConfigError as error:  # a run directory another process trains in, among them
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except RunFailed as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    measured = {name: summarize_group(name, [read_run(run) for run in runs[name]]) for name in runs}
     every_entry = list(store_summaries(args.store, measured).values())
     table = groups_table(every_entry)
     (args.root / "results.md").write_text(table)
