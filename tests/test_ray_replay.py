@@ -1,12 +1,15 @@
 """The replay buffer as a Ray service (``replay.service=ray``) on a real local Ray: the
 collector actors write into it, the learner samples what they wrote and its priorities
 change what it samples next, a run through ``train.py`` counts and reports its frames
-truthfully, a resume restores exactly what was stored, and what the service cannot run is
-refused before anything is created. After the first test, the tests share one Ray, as
-tests/test_ray.py's do."""
+truthfully, a resume restores exactly what was stored, a service whose process died is
+named, and what the service cannot run is refused before anything is created. After the
+first test, the tests share one Ray, as tests/test_ray.py's do."""
 
 from __future__ import annotations
 
+import os
+import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,10 +25,10 @@ from rl_app.checkpointing import choose_checkpoint, load_component
 from rl_app.checks import load_config, machine_cpus
 from rl_app.collection.ray import connect_ray
 from rl_app.logger import read_metrics
-from rl_app.loop import Progress, run_iterations
+from rl_app.loop import Progress, RunFailed, run_iterations
 from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY
 from rl_app.replay.service import STORED_METRIC
-from rl_app.run import build_run
+from rl_app.run import build_run, train
 from rl_app.upstream.ray import TruthfulCollector, warm_up_frames
 from tests.helpers import TINY_RUN, run_train
 
@@ -188,6 +191,43 @@ def test_a_resume_restores_every_stored_transition(shared_ray, tiny_config) -> N
         assert len(run.buffer) >= 1000 and (run.buffer[: len(at_save)] == at_save).all()
     finally:
         run.close()
+
+
+def actor_processes(class_name: str) -> set[int]:
+    """The processes of Ray actors of class ``class_name`` on this machine (Ray titles each
+    ``ray::<class>``)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # ended since
+            continue
+        if command.startswith(f"ray::{class_name}".encode()):
+            found.add(int(pid))
+    return found
+
+
+def test_a_service_whose_process_died_is_named_and_the_last_checkpoint_stays(
+    shared_ray, tiny_config
+) -> None:
+    config = tiny_config(*SERVICE_RUN)
+    others = actor_processes("ServiceReplayBuffer")
+
+    def kill_the_service(frames: int, score: float) -> None:
+        [service] = actor_processes("ServiceReplayBuffer") - others
+        os.kill(service, signal.SIGKILL)
+
+    # The first evaluation and its checkpoint come at 400 frames; then the actors find the
+    # service gone when they store their next batch.
+    with pytest.raises(
+        RunFailed,
+        match=r"while collecting .* the replay service \(Ray actor\) "
+        r"stopped: collector worker \d could not store its batch",
+    ) as failure:
+        train(config, on_eval=kill_the_service)
+    named = Path(re.search(r"last good checkpoint: (\S+);", str(failure.value)).group(1))
+    assert named.name == "checkpoint-000000000400"
+    assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
 
 
 @pytest.mark.parametrize(

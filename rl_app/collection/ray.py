@@ -12,8 +12,9 @@ while the others keep collecting.
 - the Ray runtime: unset ``ray.address`` starts a local Ray with this machine's CPUs and
   shuts it down with the collector; a set one is joined and left running;
 - trajectory ids unique across actors and resumes (each actor numbers its own);
-- an actor that died or raised is named (:class:`ActorStopped`), so that the run stops at
-  that iteration boundary with its last checkpoint intact;
+- an actor that died or raised is named (:class:`ActorStopped`, or :class:`ServiceStopped`
+  for the replay service's), so that the run stops at that iteration boundary with its
+  last checkpoint intact;
 - with ``replay.service=ray``, the replay buffer as a Ray service
   (:mod:`rl_app.replay.service`), built once Ray is joined, shut down with the actors that
   write into it; each actor extends it and hands the learner only what the loop counts and
@@ -78,14 +79,22 @@ class ActorStopped(RuntimeError):
         super().__init__(f"collector worker {index} (Ray actor) of env {env_name} stopped: {why}")
 
 
+class ServiceStopped(RuntimeError):
+    """The replay service's actor died."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"the replay service (Ray actor) stopped: {why}")
+
+
 class CollectionFailed(RuntimeError):
     """Raised in collector actor ``worker``: Ray hands the learner an error without the actor
-    it came from."""
+    it came from. ``service_lost``: the actor it could not reach was the replay service's."""
 
-    def __init__(self, worker: int, what: str) -> None:
-        super().__init__(worker, what)
+    def __init__(self, worker: int, what: str, service_lost: bool = False) -> None:
+        super().__init__(worker, what, service_lost)
         self.worker = worker
         self.what = what
+        self.service_lost = service_lost
 
 
 # What the learner gets of a batch an actor wrote into the replay service: what the loop
@@ -120,7 +129,10 @@ class ActorCollector(TruthfulCollector):
         try:
             batch = super().next()
         except Exception as error:
-            raise CollectionFailed(self.worker_idx, f"{type(error).__name__}: {error}") from error
+            # The only actor a collector calls while collecting is the replay service.
+            lost = isinstance(error, RayActorError)
+            what = f"{type(error).__name__}: {error}"
+            raise CollectionFailed(self.worker_idx, what, service_lost=lost) from error
         if batch is None and self.summary is not None:
             batch, self.summary = self.summary, None
             self.stored += batch.numel()
@@ -184,6 +196,9 @@ class RayCollection(RayCollector):
         try:
             yield
         except CollectionFailed as error:  # Ray's error, an instance of the actor's too
+            if error.service_lost:
+                why = f"collector worker {error.worker} could not store its batch in it"
+                raise ServiceStopped(why) from error
             raise ActorStopped(error.worker, self.env_name, error.what) from error
         except RayActorError as error:
             if error.actor_id not in self.actor_ids:
