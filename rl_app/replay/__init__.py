@@ -37,6 +37,7 @@ import functools
 import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from tensordict import NestedKey, TensorDictBase
@@ -86,6 +87,7 @@ __all__ = [
     "TRAJECTORY_KEY",
     "RunReplayBuffer",
     "allocate_storage",
+    "common_parts",
     "make_replay_buffer",
     "make_sampler",
     "nstep_gamma",
@@ -124,6 +126,20 @@ def make_sampler(replay: ReplayConfig, *, torchrl_own: bool = False) -> Sampler:
     return RandomSampler()
 
 
+def common_parts(replay: ReplayConfig, seed: int) -> dict[str, Any]:
+    """The parts of every run's buffer, in this process or in a replay service's actor:
+    priorities under :data:`PRIORITY_KEY`, a generator seeded with ``seed`` (sampling is
+    reproducible, and its state travels with the buffer's checkpoint), slices of
+    ``replay.slice_len`` steps when ``replay.sampler`` yields sequences."""
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    return {
+        "priority_key": PRIORITY_KEY,
+        "generator": generator,
+        "slice_len": replay.slice_len if samples_sequences(replay.sampler) else None,
+    }
+
+
 def make_replay_buffer(
     replay: ReplayConfig,
     scratch_dir: Path,
@@ -140,16 +156,13 @@ def make_replay_buffer(
     keeping the ``keys`` of each collected frame (an algorithm's ``replay_keys()``; None:
     all it is given) and handing sampled batches to ``device``.
 
-    The buffer draws from its own seeded generator, so sampling is reproducible and its
-    state travels with the buffer's checkpoint. Its features, each switched on here:
+    Its features, each switched on here:
     frames stored once (``keys`` store frames), hindsight relabelling (``replay.her_ratio``,
     with the reward and termination of goal env ``env``), Sequence windows
     (``replay.sampler=prioritized_sequence``), recurrent states recomputed by
     ``recurrent_states`` after the updates (given with a recurrent network), a slice
     sampler's slices turned into n-step transitions discounted by ``nstep_gamma``
     (``optim.target=nstep_transition``)."""
-    generator = torch.Generator()
-    generator.manual_seed(seed)
     if replay.device.startswith("cuda"):
         storage = LazyTensorStorage(replay.capacity, device=replay.device)
     else:
@@ -160,10 +173,8 @@ def make_replay_buffer(
         "sampler": make_sampler(replay),
         # Each slot counts its overwrites, so late priorities can be told from fresh ones.
         "writer": TensorDictRoundRobinWriter(track_generations=True),
-        "priority_key": PRIORITY_KEY,
-        "generator": generator,
+        **common_parts(replay, seed),
         "collected_keys": None if keys is None else [*keys, TRAJECTORY_KEY],
-        "slice_len": replay.slice_len if samples_sequences(replay.sampler) else None,
         "device": device,
     }
     stack = None
