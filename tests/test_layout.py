@@ -105,9 +105,10 @@ def test_the_loop_knows_no_algorithm_and_the_trainer_no_tool() -> None:
         assert "from tools" not in path.read_text(), path
 
 
-# What tools take from the loop: the types of what rl_app.run's train and build_run return,
-# and its rule for the updates each batch gets; never its steps, nor its phase names.
-TOOLS_FROM_THE_LOOP = {"Run", "TrainResult", "updates_per_iteration"}
+# What tools take from the loop: the types of what rl_app.run's train and build_run return
+# and of the fault train raises, and its rule for the updates each batch gets; never its
+# steps, nor its phase names.
+TOOLS_FROM_THE_LOOP = {"Run", "TrainResult", "RunFailed", "updates_per_iteration"}
 
 
 def test_tools_take_from_the_loop_only_what_it_offers_them() -> None:

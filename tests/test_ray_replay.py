@@ -211,18 +211,18 @@ def test_a_service_whose_process_died_is_named_and_the_last_checkpoint_stays(
     shared_ray, tiny_config
 ) -> None:
     config = tiny_config(*SERVICE_RUN)
-    others = actor_processes("ServiceReplayBuffer")
+    earlier_services = actor_processes("ServiceReplayBuffer")
 
     def kill_the_service(frames: int, score: float) -> None:
-        [service] = actor_processes("ServiceReplayBuffer") - others
+        [service] = actor_processes("ServiceReplayBuffer") - earlier_services
         os.kill(service, signal.SIGKILL)
 
     # The first evaluation and its checkpoint come at 400 frames; then the actors find the
-    # service gone when they store their next batch.
+    # service gone as they store their next batch.
     with pytest.raises(
         RunFailed,
         match=r"while collecting .* the replay service \(Ray actor\) "
-        r"stopped: collector worker \d could not store its batch",
+        r"stopped: collector worker \d could not reach it \(ActorDiedError",
     ) as failure:
         train(config, on_eval=kill_the_service)
     named = Path(re.search(r"last good checkpoint: (\S+);", str(failure.value)).group(1))

@@ -16,7 +16,14 @@ from rl_app.checks import load_config
 from rl_app.compare import groups_table, plot_comparison, read_run, summarize_group
 from rl_app.config import to_yaml
 from rl_app.logger import read_metrics
-from tests.helpers import PYTHON, ROOT, TINY_RUN, hold_lock_in_another_process, wait_for
+from tests.helpers import (
+    PYTHON,
+    ROOT,
+    SLOW_MACHINE_MARGIN,
+    TINY_RUN,
+    hold_lock_in_another_process,
+    wait_for,
+)
 from tests.slow_eval_envs import SLOW_EVAL, SLOW_STEP_S, STEP_SECONDS_VARIABLE
 from tools.results import ENTRIES, entry_settings, main, parse_args, store_summaries
 
@@ -140,7 +147,7 @@ def test_a_stop_ends_the_tool_unsummarized_and_the_same_command_resumes(
     # evaluation is due.
     wait_for("seed 1's first iteration", lambda: read_metrics(seed_1), 60)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=120)
+    _, stderr = process.communicate(timeout=120 * SLOW_MACHINE_MARGIN)
     assert process.returncode == 1, stderr
     assert f"stopped by SIGTERM in {seed_1}; nothing summarized" in stderr
     assert "Traceback" not in stderr
@@ -157,11 +164,12 @@ def test_a_run_directory_in_use_ends_the_tool_in_one_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.setitem(ENTRIES, "tiny", TINY_ENTRY)
-    holder = hold_lock_in_another_process(tmp_path / "runs" / "tiny-seed1", 60)
+    holder = hold_lock_in_another_process(tmp_path / "runs" / "tiny-seed1", 3600)
     try:
         assert main(tiny_entry_args(tmp_path)) == 2
     finally:
         holder.kill()
+        holder.wait()
     error = capsys.readouterr().err
     assert error.startswith(f"error: run_dir='{tmp_path / 'runs' / 'tiny-seed1'}' is in use")
     assert len(error.splitlines()) == 1

@@ -197,7 +197,8 @@ class RayCollection(RayCollector):
             yield
         except CollectionFailed as error:  # Ray's error, an instance of the actor's too
             if error.service_lost:
-                why = f"collector worker {error.worker} could not store its batch in it"
+                first_line = error.what.splitlines()[0]
+                why = f"collector worker {error.worker} could not reach it ({first_line})"
                 raise ServiceStopped(why) from error
             raise ActorStopped(error.worker, self.env_name, error.what) from error
         except RayActorError as error:

@@ -87,10 +87,10 @@ __all__ = [
     "TRAJECTORY_KEY",
     "RunReplayBuffer",
     "allocate_storage",
-    "common_parts",
     "make_replay_buffer",
     "make_sampler",
     "nstep_gamma",
+    "shared_buffer_parts",
     "slice_priorities",
     "stored_transition",
     "write_priorities",
@@ -126,7 +126,7 @@ def make_sampler(replay: ReplayConfig, *, torchrl_own: bool = False) -> Sampler:
     return RandomSampler()
 
 
-def common_parts(replay: ReplayConfig, seed: int) -> dict[str, Any]:
+def shared_buffer_parts(replay: ReplayConfig, seed: int) -> dict[str, Any]:
     """The parts of every run's buffer, in this process or in a replay service's actor:
     priorities under :data:`PRIORITY_KEY`, a generator seeded with ``seed`` (sampling is
     reproducible, and its state travels with the buffer's checkpoint), slices of
@@ -173,7 +173,7 @@ def make_replay_buffer(
         "sampler": make_sampler(replay),
         # Each slot counts its overwrites, so late priorities can be told from fresh ones.
         "writer": TensorDictRoundRobinWriter(track_generations=True),
-        **common_parts(replay, seed),
+        **shared_buffer_parts(replay, seed),
         "collected_keys": None if keys is None else [*keys, TRAJECTORY_KEY],
         "device": device,
     }

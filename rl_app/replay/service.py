@@ -26,7 +26,7 @@ from tensordict import NestedKey, TensorDictBase
 from torchrl.data import LazyMemmapStorage, TensorDictRoundRobinWriter
 
 from rl_app.config import ReplayConfig
-from rl_app.replay import allocate_storage, common_parts, make_sampler
+from rl_app.replay import allocate_storage, make_sampler, shared_buffer_parts
 from rl_app.replay.buffer import RunReplayBuffer
 from rl_app.replay.keys import LOSS_MASK_KEY, PRIORITY_KEY, TRAJECTORY_KEY
 from rl_app.upstream.torchrl import load_sampler_state, replay_generator, sampler_state
@@ -83,15 +83,16 @@ class ReplayClient(Protocol):
 def service_parts(replay: ReplayConfig, scratch_dir: Path, seed: int) -> dict[str, Any]:
     """What :class:`ServiceReplayBuffer` is built from inside its actor: the parts of
     :func:`rl_app.replay.make_replay_buffer` (``replay.capacity`` transitions memory-mapped
-    under ``scratch_dir``, the sampler of ``replay.sampler``, :func:`~rl_app.replay.common_parts`),
-    the storage, sampler and writer as constructors, which do not travel."""
+    under ``scratch_dir``, the sampler of ``replay.sampler``,
+    :func:`~rl_app.replay.shared_buffer_parts`), the storage, sampler and writer as
+    constructors, which do not travel."""
     return {
         "storage": functools.partial(
             LazyMemmapStorage, replay.capacity, scratch_dir=scratch_dir, existsok=True
         ),
         "sampler": functools.partial(make_sampler, replay),
         "writer": functools.partial(TensorDictRoundRobinWriter, track_generations=True),
-        **common_parts(replay, seed),
+        **shared_buffer_parts(replay, seed),
     }
 
 

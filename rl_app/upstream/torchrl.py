@@ -135,8 +135,9 @@ UNBOUNDED_FRAMES = 2**62
 def split_warm_up(init_random_frames: int, workers: int) -> int:
     """What to hand a distributed collector (submitit, RPC, Ray) for ``init_random_frames``
     random frames in all: it gives each of its ``workers`` a ``// workers`` share, which
-    drops the remainder; here each share is rounded up to whole frames instead. Test:
-    ``test_distributed_collectors_still_split_the_warm_up``."""
+    drops the remainder; here each share is rounded up to whole frames instead. Tests:
+    ``test_distributed_collectors_still_split_the_warm_up``,
+    ``test_ray_collector_still_stops_at_minus_one_frames_and_splits_the_warm_up``."""
     return workers * math.ceil(init_random_frames / workers)
 
 
