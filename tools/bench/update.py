@@ -175,6 +175,7 @@ NATURE_PLAY_FRAMES = 320  # random Pong play the batch is sampled from
 NATURE_ROUNDS, NATURE_UPDATES_PER_ROUND = 7, 5
 NATURE_BEFORE = "before: per-pixel gather, online-net pick"
 NATURE_DEFAULT = "+ channels-last: rl_app defaults"
+NATURE_TWO_THREADS = "two threads"
 STACKS = (PIXELS_KEY, ("next", PIXELS_KEY))
 
 
@@ -238,7 +239,7 @@ NATURE_VARIANTS: dict[str, NatureVariant] = {
     "+ plain DQN's target (one forward pass fewer)": (
         ["dqn.channels_last=false"], default_update, 1),
     NATURE_DEFAULT: ([], default_update, 1),
-    "two threads": ([], default_update, 2),
+    NATURE_TWO_THREADS: ([], default_update, 2),
     "oneDNN convolutions off": ([], without_mkldnn, 1),
     "compiled loss (optim.compile=true)": (["optim.compile=true"], default_update, 1),
 }  # fmt: skip
@@ -328,10 +329,8 @@ def print_nature_update(nature: dict[str, Any]) -> None:
         first = max(nature[name][key]["first_update_seconds"] for key in shifts)
         compile_time = f"  first update {first:.0f} s" if first > 1 else ""
         print(f"  {name:<48} " + "  ".join(cells) + compile_time)
-    shifted = nature[NATURE_DEFAULT][shifts[-1]]
-    wall, cpu = shifted["ms_per_update"], shifted["cpu_ms_per_update"]
-    verdict = "met" if wall <= nature["goal_ms"] else "missed"
-    print(
-        f"  goal: the default update with shifts <= {nature['goal_ms']:.0f} ms: "
-        f"{wall:.1f} ms ({cpu:.1f} ms of CPU time), {verdict}"
-    )
+    goal, verdicts = nature["goal_ms"], []
+    for name, threads in ((NATURE_DEFAULT, "one thread"), (NATURE_TWO_THREADS, "two threads")):
+        wall = nature[name][shifts[-1]]["ms_per_update"]
+        verdicts.append(f"{threads} {wall:.1f} ms, {'met' if wall <= goal else 'missed'}")
+    print(f"  goal: the default update with shifts <= {goal:.0f} ms: {'; '.join(verdicts)}")
