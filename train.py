@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 
 from rl_app.checks import describe_settings, load_config
@@ -78,7 +79,12 @@ def train_here(config: Config) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(f"run directory: {result.run_dir}")
-    print(f"best eval return: {result.best_eval_return:.1f} (last: {result.last_eval_return:.1f})")
+    if math.isnan(result.last_eval_return):  # stopped before its first evaluation
+        print("no evaluation yet")
+    else:
+        print(
+            f"best eval return: {result.best_eval_return:.1f} (last: {result.last_eval_return:.1f})"
+        )
     if result.stopped_by is not None:
         print(
             f"stopped by {result.stopped_by} at {result.frames} frames; "

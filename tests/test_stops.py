@@ -55,6 +55,7 @@ def test_a_stop_during_a_slow_evaluation_saves_at_once_and_the_resume_owes_nothi
     stdout, stderr = process.communicate(timeout=120)
     assert process.returncode == 0, stderr
     assert f"stopped by {signum.name} at 400 frames" in stdout
+    assert "no evaluation yet" in stdout  # not a best return of -inf
 
     (checkpoint,) = checkpoint_candidates(run_dir / "checkpoints")
     assert checkpoint.name == "checkpoint-000000000400"  # the iteration the signal came in
