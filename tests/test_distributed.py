@@ -87,7 +87,9 @@ def test_a_dead_collection_job_stops_the_run_and_a_resume_submits_fresh_jobs(
     slurm_cluster: None,
     tiny_config,
 ) -> None:
-    config = tiny_config(*DISTRIBUTED_RUN, "collector.total_frames=2400")
+    # Far more frames than the run can collect before the cancelled job is noticed: the
+    # run cannot end first; the resume finishes two iterations past where it stopped.
+    config = tiny_config(*DISTRIBUTED_RUN, "collector.total_frames=1000000")
     run_dir = Path(config.run_dir)
     killed: list[str] = []
 
@@ -115,12 +117,13 @@ def test_a_dead_collection_job_stops_the_run_and_a_resume_submits_fresh_jobs(
     first_jobs = {path.name.split("_")[0] for path in (run_dir / "slurm").rglob("*_submitted.pkl")}
     wait_until_gone(first_jobs)  # the other job was cancelled too
 
-    resumed = train(config)
-    assert resumed.frames == 2400
+    end = read_metrics(run_dir)[-1]["frames"] + 400
+    resumed = train(tiny_config(*DISTRIBUTED_RUN, f"collector.total_frames={end}"))
+    assert resumed.frames == end
     all_jobs = {path.name.split("_")[0] for path in (run_dir / "slurm").rglob("*_submitted.pkl")}
     assert len(all_jobs - first_jobs) == 2  # fresh jobs for the resumed run
     frames = [row["frames"] for row in read_metrics(run_dir)]
-    assert frames == list(range(200, 2401, 200))  # no iteration lost or repeated
+    assert frames == list(range(200, end + 1, 200))  # no iteration lost or repeated
     wait_until_gone(all_jobs)
 
 

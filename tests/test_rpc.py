@@ -101,9 +101,11 @@ def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
-    args = [*TINY_RUN, *RPC_RUN, f"run_dir={run_dir}", "collector.total_frames=4000"]
+    args = [*TINY_RUN, *RPC_RUN, f"run_dir={run_dir}"]
+    # Far more frames than the run can collect before the killed worker is noticed: the run
+    # cannot end first; the resume finishes two iterations past where it stopped.
     run = subprocess.Popen(
-        [PYTHON, str(TRAIN_PY), *args],
+        [PYTHON, str(TRAIN_PY), *args, "collector.total_frames=1000000"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -121,19 +123,18 @@ def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
     verify_checkpoint(named)
     assert named in checkpoint_candidates(run_dir / "checkpoints")
     assert not any(alive(worker) for worker in workers)  # the other one was stopped too
-    stopped_at = read_metrics(run_dir)[-1]["frames"]
-    assert stopped_at < 4000
+    end = read_metrics(run_dir)[-1]["frames"] + 400
 
-    resumed = run_train(tmp_path, *args)
+    resumed = run_train(tmp_path, *args, f"collector.total_frames={end}")
     assert resumed.returncode == 0, resumed.stderr
     rows = read_metrics(run_dir)
-    assert [row["frames"] for row in rows] == list(range(200, 4001, 200))  # none repeated
+    assert [row["frames"] for row in rows] == list(range(200, end + 1, 200))  # none repeated
     # Gathered batches, weights pushed every iteration: every frame acted with the newest.
     assert {row["collector/policy_lag"] for row in rows} == {0}
     # Each trajectory id is one episode of one worker: its frames, in the order stored,
     # follow one another (a resumed worker starting a new episode under an id of before, or
     # two workers sharing one, would break the chain).
-    stored = TensorDict.load_memmap(run_dir / "replay")[:4000]
+    stored = TensorDict.load_memmap(run_dir / "replay")[:end]
     for trajectory in stored[TRAJECTORY_KEY].unique():
         episode = stored[stored[TRAJECTORY_KEY] == trajectory]
         ended = episode["next", "done"].reshape(-1)[:-1]
@@ -200,7 +201,7 @@ def test_a_cancelled_rpc_job_stops_the_run_naming_it(slurm_cluster: None, tmp_pa
     run_dir = tmp_path / "run"
     run = subprocess.Popen(
         [PYTHON, str(TRAIN_PY), *TINY_RUN, *RPC_RUN, f"run_dir={run_dir}",
-         "collector.total_frames=4000", "rpc.launcher=slurm", "slurm.profile=local",
+         "collector.total_frames=1000000", "rpc.launcher=slurm", "slurm.profile=local",
          "collector.address=127.0.0.1"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
