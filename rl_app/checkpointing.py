@@ -39,7 +39,7 @@ from torchrl.checkpoint import (
 )
 
 from rl_app.logger import EVAL_KEY
-from rl_app.replay.journal import UndoJournal
+from rl_app.replay.journal import Journal
 
 CHECKSUM_FILE = "SHA256SUMS.json"
 # The acting policy's own component, so that playing a run reads nothing else.
@@ -133,7 +133,7 @@ class RunCheckpoints:
         directory: Path,
         keep_last: int,
         components: Mapping[str, Any],
-        journal: UndoJournal | None,
+        journal: Journal | None,
     ) -> None:
         self.journal = journal
         self.keep_last = keep_last

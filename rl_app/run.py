@@ -126,11 +126,12 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         collector = make_collector(config, algorithm, devices)
         buffer = ServiceReplay(collector.service, devices.learner)
         try:
-            buffer.client.allocate(keys, transition)
+            buffer.client.allocate(keys, transition, run_dir / JOURNAL_DIR)
         except OSError as error:
             collector.shutdown()
             raise RunFailed(f"the replay buffer cannot take its space: {error.strerror}") from None
-        journal, replay_state = None, ServiceReplayState(buffer, collector.drain)
+        # Its checkpoints journal in its actor: the replay state is the journal too.
+        journal = replay_state = ServiceReplayState(buffer, collector.drain)
     else:
         buffer, journal = make_local_replay(config, algorithm, devices, spec_env, transition)
         collector = make_collector(config, algorithm, devices)

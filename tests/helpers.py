@@ -70,6 +70,15 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def child_processes() -> set[int]:
     """Live child processes of this process (the multiprocessing resource tracker aside)."""
     children = set()

@@ -1,8 +1,9 @@
 """The replay buffer as a Ray service (``replay.service=ray``) on a real local Ray: the
 collector actors write into it, the learner samples what they wrote and its priorities
 change what it samples next, a run through ``train.py`` counts and reports its frames
-truthfully, a resume restores exactly what was stored, a service whose process died is
-named, and what the service cannot run is refused before anything is created. After the
+truthfully, a resume restores exactly what was stored (through the undo journal, with no
+copy of the storage in the checkpoint), a service whose process died is named whoever finds
+it dead, and what the service cannot run is refused before anything is created. After the
 first test, the tests share one Ray, as tests/test_ray.py's do."""
 
 from __future__ import annotations
@@ -27,10 +28,10 @@ from rl_app.collection.ray import connect_ray
 from rl_app.logger import read_metrics
 from rl_app.loop import Progress, RunFailed, run_iterations
 from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY
-from rl_app.replay.service import STORED_METRIC
+from rl_app.replay.service import STORED_METRIC, ServiceStopped
 from rl_app.run import build_run, train
 from rl_app.upstream.ray import TruthfulCollector, warm_up_frames
-from tests.helpers import TINY_RUN, run_train
+from tests.helpers import TINY_RUN, alive, run_train, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -173,9 +174,22 @@ def test_a_resume_restores_every_stored_transition(shared_ray, tiny_config) -> N
         # Nothing is collected after the last save: what is stored now is what it holds.
         at_save = run.buffer[:].clone()
         saved_frames = run.progress.frames
+        # Writes after the save, which the resume must undo: 400 transitions appended,
+        # then 400 more over the oldest slots once the 5,000-slot buffer wraps.
+        later = at_save[:400].apply(lambda leaf: ~leaf if leaf.dtype == torch.bool else leaf + 1)
+        for _ in range(12):
+            run.buffer.client.extend(later)
+        assert len(run.buffer) == 5000
     finally:
         run.close()
     assert saved_frames == 600 and len(at_save) >= 600
+    run_dir = Path(config.run_dir)
+    # The files stay in place; the checkpoint holds no copy of them.
+    replay_bytes = sum(f.stat().st_size for f in (run_dir / "replay").rglob("*") if f.is_file())
+    (checkpoint,) = (run_dir / "checkpoints").glob("checkpoint-*600")
+    saved = sum(f.stat().st_size for f in (checkpoint / "replay_buffer").rglob("*") if f.is_file())
+    assert saved < replay_bytes / 4, (saved, replay_bytes)
+    assert list((run_dir / "replay-journal").glob("undo-*.bin"))
 
     config = tiny_config(*SERVICE_RUN, "ray.sync=false", "collector.total_frames=1000")
     run = build_run(config, resuming=True)
@@ -184,7 +198,7 @@ def test_a_resume_restores_every_stored_transition(shared_ray, tiny_config) -> N
         assert run.progress.frames == saved_frames
         resumed = run.buffer[:]
         assert len(resumed) == len(at_save)
-        assert (resumed == at_save).all()
+        assert (resumed == at_save).all()  # the later writes undone
         run.logger.rewind(run.progress.frames)
         run_iterations(run)
         assert run.progress.frames == 1000
@@ -228,6 +242,28 @@ def test_a_service_whose_process_died_is_named_and_the_last_checkpoint_stays(
     named = Path(re.search(r"last good checkpoint: (\S+);", str(failure.value)).group(1))
     assert named.name == "checkpoint-000000000400"
     assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
+
+
+def test_a_service_that_died_before_the_learners_own_call_is_named(shared_ray, tiny_config) -> None:
+    config = tiny_config(*SERVICE_RUN, "collector.total_frames=400")
+    earlier_services = actor_processes("ServiceReplayBuffer")
+    run = build_run(config)
+    try:
+        run_iterations(run)  # its checkpoint at 400 frames
+        [service] = actor_processes("ServiceReplayBuffer") - earlier_services
+        os.kill(service, signal.SIGKILL)
+        wait_for("the service's process to end", lambda: not alive(service), 60)
+        named = r"the replay service \(Ray actor\) stopped: the learner could not reach it"
+        with pytest.raises(ServiceStopped, match=named):
+            run.buffer.sample_batches(64, 1)
+        with pytest.raises(ServiceStopped, match=named):
+            run.checkpoints.save(600, eval_return=None)
+    finally:
+        run.close()
+    # The failed save wrote nothing: the last good checkpoint is the one a resume takes.
+    checkpoints = Path(config.run_dir) / "checkpoints"
+    assert [path.name for path in checkpoints.glob("checkpoint-*")] == ["checkpoint-000000000400"]
+    assert choose_checkpoint(checkpoints)[0].name == "checkpoint-000000000400"
 
 
 @pytest.mark.parametrize(

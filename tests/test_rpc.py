@@ -30,6 +30,7 @@ from tests.helpers import (
     TRAIN_PY,
     acting_collector,
     actor_version,
+    alive,
     child_processes,
     collect_around_a_push,
     job_state,
@@ -87,14 +88,6 @@ def workers_of(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"resource_tracker" not in cmdline:
             workers.append(int(entry.name))
     return sorted(workers)
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(

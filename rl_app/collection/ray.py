@@ -12,7 +12,8 @@ while the others keep collecting.
 - the Ray runtime: unset ``ray.address`` starts a local Ray with this machine's CPUs and
   shuts it down with the collector; a set one is joined and left running;
 - trajectory ids unique across actors and resumes (each actor numbers its own);
-- an actor that died or raised is named (:class:`ActorStopped`, or :class:`ServiceStopped`
+- an actor that died or raised is named (:class:`ActorStopped`, or
+  :class:`~rl_app.replay.service.ServiceStopped`
   for the replay service's), so that the run stops at that iteration boundary with its
   last checkpoint intact;
 - with ``replay.service=ray``, the replay buffer as a Ray service
@@ -40,7 +41,7 @@ from rl_app.collection.workers import remote_collector_kwargs
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY, env_factory, worker_seed
 from rl_app.replay import TRAJECTORY_KEY
-from rl_app.replay.service import ServiceReplayBuffer, service_parts
+from rl_app.replay.service import ServiceReplayBuffer, ServiceStopped, service_parts
 from rl_app.rundir import REPLAY_DIR
 from rl_app.upstream.ray import (
     TruthfulCollector,
@@ -77,13 +78,6 @@ class ActorStopped(RuntimeError):
 
     def __init__(self, index: int, env_name: str, why: str) -> None:
         super().__init__(f"collector worker {index} (Ray actor) of env {env_name} stopped: {why}")
-
-
-class ServiceStopped(RuntimeError):
-    """The replay service's actor died."""
-
-    def __init__(self, why: str) -> None:
-        super().__init__(f"the replay service (Ray actor) stopped: {why}")
 
 
 class CollectionFailed(RuntimeError):

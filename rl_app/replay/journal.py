@@ -36,7 +36,7 @@ import os
 import struct
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -56,6 +56,16 @@ RECORD_HEADER = struct.Struct("<4sQI")
 RECORD_MAGIC = b"UNDO"
 # Checkpoints older than the frame count this file names have no journal left.
 RESTORABLE_FILE = "restorable-from.json"
+
+
+class Journal(Protocol):
+    """What a run's checkpoints drive: :class:`UndoJournal`, or a replay service's
+    (:class:`rl_app.replay.service.ServiceReplayState`), which calls its actor's."""
+
+    def start(self, frames: int) -> None: ...
+    def prune(self, keep_from: int) -> None: ...
+    def verify(self) -> None: ...
+    def close(self) -> None: ...
 
 
 class StorageDamaged(Exception):

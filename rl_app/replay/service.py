@@ -6,8 +6,9 @@ from the same parts as in-process (memory-mapped storage under the run directory
 sampler of ``replay.sampler``, the writer counting each slot's overwrites, the seeded
 generator), handed over as constructors. The ``collector.mode=ray`` actors extend it
 directly; the learner samples it and writes priorities back, each a call on the actor
-(:class:`ServiceReplay`, the loop's buffer); a checkpoint holds its whole state
-(:class:`ServiceReplayState`).
+(:class:`ServiceReplay`, the loop's buffer). Its checkpoints journal as the in-process
+buffer's do (:mod:`rl_app.replay.journal`): the files stay in place, the journal is kept by
+the actor, and a checkpoint holds the rest of its state (:class:`ServiceReplayState`).
 
 Only what runs inside the actor is supported: hindsight relabelling, Sequence windows,
 recurrent states and stored frames need the learner's env or networks, and are refused
@@ -17,19 +18,21 @@ before anything is created (``rl_app/checks.py``).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from ray.exceptions import RayActorError
 from tensordict import NestedKey, TensorDictBase
-from torchrl.data import LazyMemmapStorage, TensorDictRoundRobinWriter
+from torchrl.data import TensorDictRoundRobinWriter
 
 from rl_app.config import ReplayConfig
 from rl_app.replay import allocate_storage, make_sampler, shared_buffer_parts
 from rl_app.replay.buffer import RunReplayBuffer
+from rl_app.replay.journal import JournaledStorage, ReplayState, UndoJournal
 from rl_app.replay.keys import LOSS_MASK_KEY, PRIORITY_KEY, TRAJECTORY_KEY
-from rl_app.upstream.torchrl import load_sampler_state, replay_generator, sampler_state
 
 # What a write-back needs of a sampled batch: the rest stays with the learner.
 WRITE_BACK_KEYS = ("index", "index_generation", "anchor_index", PRIORITY_KEY, LOSS_MASK_KEY)
@@ -37,35 +40,60 @@ WRITE_BACK_KEYS = ("index", "index_generation", "anchor_index", PRIORITY_KEY, LO
 STORED_METRIC = "replay/stored_frames"
 
 
+class ServiceStopped(RuntimeError):
+    """The replay service's actor died."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(f"the replay service (Ray actor) stopped: {why}")
+
+
+@contextmanager
+def naming_the_service() -> Iterator[None]:
+    """Around the learner's calls on the service: its actor dead is named
+    (:class:`ServiceStopped`), not left to Ray's error."""
+    try:
+        yield
+    except RayActorError as error:
+        first_line = str(error).splitlines()[0]
+        why = f"the learner could not reach it ({type(error).__name__}: {first_line})"
+        raise ServiceStopped(why) from error
+
+
 class ServiceReplayBuffer(RunReplayBuffer):
     """The buffer inside the service's actor: :class:`RunReplayBuffer` with what the
-    learner asks of it in one call each (its storage laid out, its state saved and
-    restored, the frames stored after a write-back)."""
+    learner asks of it in one call each (its storage laid out, its journal started, pruned
+    and checked, its state saved and restored, the frames stored after a write-back)."""
 
-    def allocate(self, keys: list[NestedKey], transition: TensorDictBase) -> None:
-        """Keep the ``keys`` of each collected frame (an algorithm's ``replay_keys()``), and
-        lay the storage out now for them (:func:`rl_app.replay.allocate_storage`), before
-        the first batch lands."""
+    journal: UndoJournal
+
+    def allocate(
+        self, keys: list[NestedKey], transition: TensorDictBase, journal_dir: Path
+    ) -> None:
+        """Keep the ``keys`` of each collected frame (an algorithm's ``replay_keys()``), lay
+        the storage out now for them (:func:`rl_app.replay.allocate_storage`), before the
+        first batch lands, and journal its writes in ``journal_dir``."""
         self.collected_keys = [*keys, TRAJECTORY_KEY]
         allocate_storage(self, transition)
+        self.journal = UndoJournal(self.storage, journal_dir)
 
     def write_back(self, samples: list[TensorDictBase]) -> dict[str, float]:
         return {**super().write_back(samples), STORED_METRIC: float(self.write_count)}
 
-    def saved_state(self) -> dict[str, Any]:
-        """Everything the buffer holds: stored data, sampler, writer, generator."""
-        return {
-            "storage": self.storage.state_dict(),
-            "sampler": sampler_state(self.sampler),
-            "writer": self.writer.state_dict(),
-            "generator": replay_generator(self).get_state(),
-        }
+    def checkpoint(self, frames: int) -> dict[str, Any]:
+        """Start the journal of the checkpoint at ``frames`` and return the buffer's state
+        (:class:`~rl_app.replay.journal.ReplayState`), in one call: no collector's write
+        lands between the two."""
+        self.journal.start(frames)
+        return ReplayState(self, self.journal).state_dict()
 
     def restore(self, state: dict[str, Any]) -> None:
-        self.storage.load_state_dict(state["storage"])
-        load_sampler_state(self.sampler, state["sampler"])
-        self.writer.load_state_dict(state["writer"])
-        replay_generator(self).set_state(state["generator"])
+        ReplayState(self, self.journal).load_state_dict(state)
+
+    def prune_journals(self, keep_from: int) -> None:
+        self.journal.prune(keep_from)
+
+    def verify_storage(self) -> None:
+        self.journal.verify()
 
 
 class ReplayClient(Protocol):
@@ -73,9 +101,13 @@ class ReplayClient(Protocol):
 
     def sample_batches(self, batch_size: int, count: int) -> list[TensorDictBase]: ...
     def write_back(self, samples: list[TensorDictBase]) -> dict[str, float]: ...
-    def allocate(self, keys: list[NestedKey], transition: TensorDictBase) -> None: ...
-    def saved_state(self) -> dict[str, Any]: ...
+    def allocate(
+        self, keys: list[NestedKey], transition: TensorDictBase, journal_dir: Path
+    ) -> None: ...
+    def checkpoint(self, frames: int) -> dict[str, Any]: ...
     def restore(self, state: dict[str, Any]) -> None: ...
+    def prune_journals(self, keep_from: int) -> None: ...
+    def verify_storage(self) -> None: ...
     def __getitem__(self, index: Any) -> TensorDictBase: ...
     def __len__(self) -> int: ...
 
@@ -88,7 +120,7 @@ def service_parts(replay: ReplayConfig, scratch_dir: Path, seed: int) -> dict[st
     constructors, which do not travel."""
     return {
         "storage": functools.partial(
-            LazyMemmapStorage, replay.capacity, scratch_dir=scratch_dir, existsok=True
+            JournaledStorage, replay.capacity, scratch_dir=scratch_dir, existsok=True
         ),
         "sampler": functools.partial(make_sampler, replay),
         "writer": functools.partial(TensorDictRoundRobinWriter, track_generations=True),
@@ -111,7 +143,9 @@ class ServiceReplay:
 
     def sample_batches(self, batch_size: int, count: int) -> list[TensorDictBase]:
         """:meth:`RunReplayBuffer.sample_batches`, drawn in the service and moved here."""
-        return [batch.to(self.device) for batch in self.client.sample_batches(batch_size, count)]
+        with naming_the_service():
+            batches = self.client.sample_batches(batch_size, count)
+        return [batch.to(self.device) for batch in batches]
 
     def write_back(self, samples: list[TensorDictBase]) -> dict[str, float]:
         """Send the service the priorities the updates computed for ``samples`` (with what
@@ -122,27 +156,52 @@ class ServiceReplay:
             batch.select(*(key for key in WRITE_BACK_KEYS if key in keys)).cpu()
             for batch in samples
         ]
-        return self.client.write_back(sent)
+        with naming_the_service():
+            return self.client.write_back(sent)
 
     def __getitem__(self, index: Any) -> TensorDictBase:
-        return self.client[index]
+        with naming_the_service():
+            return self.client[index]
 
     def __len__(self) -> int:
-        return len(self.client)
+        with naming_the_service():
+            return len(self.client)
 
 
 class ServiceReplayState:
-    """The service as a checkpoint component: its whole state, data included (the storage
-    is read once through the actor), saved after ``drain`` has waited for every batch in
-    flight to land, so that a resume restores exactly what was stored."""
+    """The service as a checkpoint component, and as the journal the run's checkpoints
+    drive (``start``, ``prune``, ``verify``, ``close`` of
+    :class:`~rl_app.replay.journal.UndoJournal`), each a call on its actor. ``start`` waits
+    for every batch in flight to land (``drain``), then starts the actor's journal and takes
+    the state the checkpoint holds, in one call: a resume restores exactly what was
+    stored."""
 
     def __init__(self, replay: ServiceReplay, drain: Callable[[], None]) -> None:
-        self.replay = replay
+        self.client = replay.client
         self.drain = drain
+        self.saved: dict[str, Any] | None = None  # taken by start, for state_dict
+
+    def start(self, frames: int) -> None:
+        self.drain()
+        with naming_the_service():
+            self.saved = self.client.checkpoint(frames)
 
     def state_dict(self) -> dict[str, Any]:
-        self.drain()
-        return self.replay.client.saved_state()
+        assert self.saved is not None, "a checkpoint starts the journal first"
+        saved, self.saved = self.saved, None
+        return saved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.replay.client.restore(state)
+        with naming_the_service():
+            self.client.restore(state)
+
+    def prune(self, keep_from: int) -> None:
+        with naming_the_service():
+            self.client.prune_journals(keep_from)
+
+    def verify(self) -> None:
+        with naming_the_service():
+            self.client.verify_storage()
+
+    def close(self) -> None:
+        """Nothing here: the journal's file closes with the actor."""
