@@ -68,6 +68,7 @@ def check_config(config: Config) -> None:
     for algorithm in ALGORITHMS.values():  # every config holds every algorithm's group
         algorithm.check(config)
     check_atari(config)
+    replay_checks.check_life_loss(config)
     replay_checks.check_slices(config, env_checks.max_episode_steps(config.env.name))
     check_video(config)
 

@@ -12,7 +12,7 @@ from tensordict import TensorDict
 
 from rl_app.algorithms import make_algorithm
 from rl_app.config import ConfigError, ReplayConfig
-from rl_app.envs import PIXELS_KEY, make_env
+from rl_app.envs import LIFE_LOST, PIXELS_KEY, make_env
 from rl_app.logger import read_metrics
 from rl_app.replay import (
     LOSS_MASK_KEY,
@@ -147,6 +147,62 @@ def test_an_n_step_transition_has_its_first_steps_stack_and_the_one_after_its_sl
         )
         assert torch.allclose(transition["next", "reward"], expected)
         assert transition["next", "terminated"] == slice_steps[-1]["terminated"]
+
+
+@pytest.fixture(scope="module")
+def play_losing_lives() -> list[TensorDict]:
+    return random_play_batches(
+        GAME, FRAMES, FRAMES_PER_BATCH, max_episode_steps=EPISODE_CAP, life_loss_terminal=True
+    )
+
+
+def test_a_game_says_which_steps_lost_a_life_and_plays_on_after_them(
+    play_losing_lives: list[TensorDict],
+) -> None:
+    steps = torch.cat(play_losing_lives)
+    lost = steps["next", LIFE_LOST].reshape(-1)
+    over = steps["next", "terminated"].reshape(-1)
+    assert over.any()
+    for trajectory in steps[TRAJECTORY_KEY][over].tolist():
+        game = steps[TRAJECTORY_KEY] == trajectory
+        assert lost[game].sum() == 5 and lost[game][-1]  # Breakout's 5 lives; the last ends it
+    # A life lost before the last neither terminates nor ends the episode: the game goes on.
+    assert (lost & ~over).any()
+    assert not steps["next", "done"].reshape(-1)[lost & ~over].any()
+
+
+def test_an_n_step_transition_ends_at_the_first_life_its_slice_lost(
+    play_losing_lives: list[TensorDict], tiny_config, tmp_path: Path
+) -> None:
+    config = tiny_config(
+        f"env.max_episode_steps={EPISODE_CAP}",
+        f"replay.slice_len={SLICE_LEN}",
+        "optim.target=nstep_transition",
+        "env.life_loss_terminal=true",
+        preset="dqn_atari",
+    )
+    steps = torch.cat(play_losing_lives)
+    stacks = env_stacks(play_losing_lives)
+    by_step = dict(zip(step_keys(steps), steps["next"].unbind(0), strict=True))
+    buffer = stored_buffer(config, play_losing_lives, 4_096, tmp_path, nstep_gamma=0.9)
+    transitions = torch.cat(buffer.sample_batches(32, 20))
+    assert transitions[LOSS_MASK_KEY].all()
+    cut = 0
+    for row, (trajectory, first) in enumerate(step_keys(transitions)):
+        slice_steps = [by_step[trajectory, first + k] for k in range(SLICE_LEN)]
+        last = next((k for k, step in enumerate(slice_steps) if step[LIFE_LOST]), SLICE_LEN - 1)
+        cut += last < SLICE_LEN - 1
+        kept = slice_steps[: last + 1]
+        transition = transitions[row]
+        assert torch.equal(transition[PIXELS_KEY], stacks[trajectory, first][0])
+        assert torch.equal(transition["next", PIXELS_KEY], stacks[trajectory, first + last][1])
+        expected = sum(0.9**k * step["reward"] for k, step in enumerate(kept))
+        assert torch.allclose(transition["next", "reward"], expected)
+        # No bootstrap past a lost life; where none was lost, as without the setting.
+        ended = slice_steps[last]["terminated"] | slice_steps[last][LIFE_LOST]
+        assert transition["next", "terminated"] == ended
+        assert transition["steps_to_next_obs"] == last + 1
+    assert cut > 0  # slices with a lost life inside were drawn
 
 
 def test_stacks_reaching_overwritten_slots_are_masked_and_the_rest_exact(
@@ -310,6 +366,11 @@ def test_the_nature_cnn_update_takes_the_steps_it_took_before(
         (["replay.slice_len=1"], "replay.slice_len"),
         (["env.name=CartPole-v1"], "dqn.random_shift"),
         (["env.name=CartPole-v1", "dqn.random_shift=0", "dqn.dueling=true"], "dqn.dueling"),
+        (["env.life_loss_terminal=true"], "env.life_loss_terminal=true needs optim.target="),
+        (
+            ["env.name=CartPole-v1", "dqn.random_shift=0", "env.life_loss_terminal=true"],
+            "env.life_loss_terminal=true needs an Atari game: CartPole-v1 has no lives",
+        ),
     ],
 )
 def test_atari_settings_are_checked(tiny_config, overrides: list[str], named: str) -> None:
@@ -317,13 +378,21 @@ def test_atari_settings_are_checked(tiny_config, overrides: list[str], named: st
         tiny_config("dqn.random_shift=4", *overrides, preset="dqn_atari")
 
 
-def test_the_atari_preset_trains_end_to_end_on_the_cpu(tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["optim.target=nstep_transition", "env.life_loss_terminal=true"]],
+    ids=["preset", "life_loss_terminal"],
+)
+def test_the_atari_preset_trains_end_to_end_on_the_cpu(
+    overrides: list[str], tmp_path: Path, capsys
+) -> None:
     run_dir = tmp_path / "run"
     result = run_train(
         tmp_path,
         "--config",
         "dqn_atari",
         *TINY_RUN,
+        *overrides,
         f"run_dir={run_dir}",
         "device=cpu",
         "collector.total_frames=2000",
@@ -341,6 +410,8 @@ def test_the_atari_preset_trains_end_to_end_on_the_cpu(tmp_path: Path, capsys) -
     assert any("train/loss" in row for row in rows)
     assert "eval/return" in rows[-1]
     assert list((run_dir / "checkpoints").glob("checkpoint-*"))
+    # With the setting, each stored step says whether it lost a life.
+    assert (run_dir / "replay" / "next" / "life_lost.memmap").exists() == bool(overrides)
     # Its network read by the dead-unit tool: 3 convolutions and the hidden layer.
     assert dead_units.main([str(run_dir), "--steps", "20"]) == 0
     report = capsys.readouterr().out.splitlines()

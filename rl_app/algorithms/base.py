@@ -31,7 +31,7 @@ from torchrl.envs import EnvBase
 from torchrl.objectives import LossModule, ValueEstimators
 
 from rl_app.config import Config, OptimConfig, ReplayConfig
-from rl_app.envs import PIXELS_KEY
+from rl_app.envs import LIFE_LOST, PIXELS_KEY
 from rl_app.replay.keys import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL, PRIORITY_KEY
 from rl_app.upstream.tensordict import without_tensorclass_memo_guards
 from rl_app.upstream.torch import EAGER_SPLIT
@@ -92,14 +92,20 @@ class Algorithm(abc.ABC):
     step: Callable[[TensorDictBase], TensorDictBase]
     #: Whether sampled goals are relabelled in hindsight (``replay.her_ratio``).
     relabels_goals: bool = False
+    #: Whether its n-step transitions end at a lost life (``env.life_loss_terminal``).
+    ends_at_lost_lives: bool = False
 
     def replay_keys(self) -> list[Any]:
-        """What an update reads from a transition (the loss's ``in_keys``), and where the
-        relabelling goals come from when ``relabels_goals``: with the trajectory ids, all
-        the replay buffer stores of a collected frame."""
+        """What an update reads from a transition (the loss's ``in_keys``), where the
+        relabelling goals come from when ``relabels_goals``, and which steps lost a life when
+        ``ends_at_lost_lives``: with the trajectory ids, all the replay buffer stores of a
+        collected frame."""
+        keys = list(self.loss.in_keys)
         if self.relabels_goals:
-            return [*self.loss.in_keys, NEXT_ACHIEVED_GOAL]
-        return list(self.loss.in_keys)
+            keys.append(NEXT_ACHIEVED_GOAL)
+        if self.ends_at_lost_lives:
+            keys.append(("next", LIFE_LOST))
+        return keys
 
     @abc.abstractmethod
     def policy_factory(self) -> Callable[..., TensorDictModuleBase]:

@@ -290,6 +290,7 @@ class DQN(Algorithm):
         self._dqn = config.dqn
         self._recurrent = config.network.recurrent != "none"
         self.relabels_goals = config.replay.her_ratio > 0
+        self.ends_at_lost_lives = config.env.life_loss_terminal
         self.policy = self.policy_factory()().to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
         self.loss = DQNLoss(

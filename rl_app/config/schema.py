@@ -82,6 +82,11 @@ class EnvConfig:
         "(unset: the env's own only; Atari games end at 108,000 frames = 27,000 steps)",
         at_least=1,
     )
+    life_loss_terminal: bool = setting(
+        False,
+        "Atari: a lost life ends the learner's n-step targets as a terminal would, while the "
+        "game goes on (DrQ(eps) and Dopamine train so); needs optim.target=nstep_transition",
+    )
 
 
 @dataclass

@@ -80,6 +80,10 @@ ATARI_MAX_FRAMES = 108_000
 # A goal env says in info["is_success"] whether a step reached its goal (gymnasium-robotics'
 # convention); its TorchRL env writes that with each step, under SUCCESS_KEY.
 SUCCESS_KEY = "is_success"
+# With env.life_loss_terminal, an Atari game says with each step whether it lost a life,
+# under LIFE_LOST: stored with every transition, it ends n-step transitions there
+# (rl_app.replay.nstep).
+LIFE_LOST = "life_lost"
 # Collector i (a worker process or a collection job) seeds its env with seed + i * stride:
 # distinct, reproducible episodes.
 WORKER_SEED_STRIDE = 10_007
@@ -108,23 +112,38 @@ class ObservationIndices(gym.ObservationWrapper):
         return observation[self.indices]
 
 
-class SuccessReader(BaseInfoDictReader):
-    """Writes a goal env's ``info["is_success"]`` (a bool or a NumPy number, or one per env
-    of a vector env) under SUCCESS_KEY, False where the info has none (after a reset).
-    TorchRL's default reader takes NumPy values only."""
+class LifeLoss(gym.Wrapper):
+    """Says in ``info[LIFE_LOST]`` whether an Atari game's step lost a life (its lives are
+    read before and after it: nothing to save mid-episode)."""
 
-    def __init__(self, batch_size: torch.Size) -> None:
+    holds_episode_state = False  # rl_app.envs.resumable
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        ale = self.unwrapped.ale
+        lives = ale.lives()
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        return observation, reward, terminated, truncated, {**info, LIFE_LOST: ale.lives() < lives}
+
+
+class FlagReader(BaseInfoDictReader):
+    """Writes the info's ``flags`` (each a bool or a NumPy number, or one per env of a vector
+    env) under their own names, False where the info has none (after a reset). TorchRL's
+    default reader takes NumPy values only."""
+
+    def __init__(self, flags: list[str], batch_size: torch.Size) -> None:
+        self.flags = flags
         self.batch_size = batch_size
 
     def __call__(self, info_dict: dict[str, Any], tensordict: Any) -> Any:
-        reached = torch.as_tensor(np.asarray(info_dict.get(SUCCESS_KEY, False), dtype=bool))
-        tensordict.set(SUCCESS_KEY, reached.expand(self.batch_size).reshape(*self.batch_size, 1))
+        for flag in self.flags:
+            value = torch.as_tensor(np.asarray(info_dict.get(flag, False), dtype=bool))
+            tensordict.set(flag, value.expand(self.batch_size).reshape(*self.batch_size, 1))
         return tensordict
 
     @property
     def info_spec(self) -> Composite:
-        success = Categorical(2, shape=(*self.batch_size, 1), dtype=torch.bool)
-        return Composite({SUCCESS_KEY: success}, shape=self.batch_size)
+        flag = Categorical(2, shape=(*self.batch_size, 1), dtype=torch.bool)
+        return Composite({name: flag.clone() for name in self.flags}, shape=self.batch_size)
 
 
 def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
@@ -133,6 +152,8 @@ def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
     ``env.max_episode_steps`` if set."""
     if is_atari(env.name):
         gym_env = make_atari_env(env.name, render_mode)
+        if env.life_loss_terminal:
+            gym_env = LifeLoss(gym_env)
     else:
         gym_env = gym.make(env.name, render_mode=render_mode)
     if env.observation_indices is not None:
@@ -147,7 +168,8 @@ def make_atari_env(name: str, render_mode: str | None = None) -> gym.Env:
     after each reset, each action repeated for FRAME_SKIP emulator frames, the last two of
     which are max-pooled (sprites flicker), grayscale, resized to 84x84; episodes end at
     ATARI_MAX_FRAMES. A lost life is not a terminal: Machado et al. (2018) recommend it, and
-    the evaluation return is then the score of a whole game."""
+    the evaluation return is then the score of a whole game (``env.life_loss_terminal``
+    ends only the learner's targets there: :class:`LifeLoss`)."""
     game = gym.make(
         name,
         render_mode=render_mode,
@@ -214,8 +236,11 @@ def make_env(
             autoreset_mode=gym.vector.AutoresetMode.DISABLED,
         )
     base = GymWrapper(gym_env, device=device)
-    if "desired_goal" in base.observation_spec.keys():
-        base.set_info_dict_reader(SuccessReader(base.batch_size))
+    flags = [SUCCESS_KEY] if "desired_goal" in base.observation_spec.keys() else []
+    if env.life_loss_terminal:
+        flags.append(LIFE_LOST)
+    if flags:
+        base.set_info_dict_reader(FlagReader(flags, base.batch_size))
     transforms = [DoubleToFloat(), StepCounter(), RewardSum(), InitTracker()]
     if observes_frames(env.name):
         transforms = [*frame_stacking(), *transforms]

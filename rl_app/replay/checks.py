@@ -1,10 +1,12 @@
 """What the replay settings ask of each other and of the rest of the config, checked before
 anything is created: which samplers yield sequences, the value targets and recurrent
-networks that need them, slices that fit an episode and a batch, hindsight relabelling."""
+networks that need them, slices that fit an episode and a batch, hindsight relabelling,
+n-step transitions cut at a lost life."""
 
 from __future__ import annotations
 
 from rl_app.config import Config, ConfigError
+from rl_app.envs.atari import is_atari
 
 SEQUENCE_SAMPLERS = ("prioritized_slice", "slice", "prioritized_sequence")
 # The samplers of slices of stored steps, which n-step transitions are made of.
@@ -46,6 +48,22 @@ def check_value_target(config: Config) -> None:
                 f"{setting}={value!r} is not accepted with optim.target={target!r}, which "
                 f"learns from single transitions: set {setting}={off}, or optim.target=nstep"
             )
+
+
+def check_life_loss(config: Config) -> None:
+    """``env.life_loss_terminal`` needs an Atari game (which has lives) and n-step
+    transitions (which end at the lost life: :mod:`rl_app.replay.nstep`)."""
+    if not config.env.life_loss_terminal:
+        return
+    if not is_atari(config.env.name):
+        raise ConfigError(
+            f"env.life_loss_terminal=true needs an Atari game: {config.env.name} has no lives"
+        )
+    if config.optim.target != NSTEP_TRANSITION:
+        raise ConfigError(
+            f"env.life_loss_terminal=true needs optim.target={NSTEP_TRANSITION}: "
+            f"optim.target={config.optim.target!r} does not end its targets at a lost life"
+        )
 
 
 def check_capacity(config: Config) -> None:
