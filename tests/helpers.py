@@ -285,3 +285,20 @@ def saved_progress(checkpoint: Path) -> Progress:
     progress = Progress()
     load_component(checkpoint, "progress", progress)
     return progress
+
+
+class SavedState:
+    """Takes a checkpoint component's saved state, to read it."""
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict, **options) -> None:
+        self.state = state
+
+
+def saved_state(checkpoint: Path, component: str) -> dict:
+    """The state the component ``component`` of the checkpoint at ``checkpoint`` holds."""
+    saved = SavedState()
+    load_component(checkpoint, component, saved)
+    return saved.state

@@ -15,7 +15,7 @@ import torch
 from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
-from rl_app.checkpointing import choose_checkpoint, load_component
+from rl_app.checkpointing import choose_checkpoint
 from rl_app.checks import load_config
 from rl_app.collection import CollectorState
 from rl_app.config import EnvConfig
@@ -24,7 +24,13 @@ from rl_app.envs.goals import BIT_FLIP_IDS, POINT_REACH_ID
 from rl_app.envs.resumable import ResumableEnv
 from rl_app.run import train
 from tests import faulty_envs
-from tests.helpers import TINY_RUN, assert_same_run, resume_in_process, train_in_process
+from tests.helpers import (
+    TINY_RUN,
+    assert_same_run,
+    resume_in_process,
+    saved_state,
+    train_in_process,
+)
 
 # Episodes cut short, so that the steps after a restore cross an episode end and the next
 # reset (whose random start comes from the restored generator).
@@ -126,21 +132,10 @@ def test_an_env_that_cannot_give_its_state_replays_its_reset_at_an_episode_start
 # -- runs resumed from a checkpoint taken mid-episode ------------------------------------
 
 
-class SavedState:
-    """Takes a checkpoint component's saved state, to read it."""
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict, **options) -> None:
-        self.state = state
-
-
 def saved_step_count(run_dir: Path) -> int:
     """The step of the episode in progress at the newest checkpoint of ``run_dir``."""
-    saved = SavedState()
-    load_component(choose_checkpoint(run_dir / "checkpoints")[0], "collector", saved)
-    return int(saved.state["next_step"]["step_count"])
+    saved = saved_state(choose_checkpoint(run_dir / "checkpoints")[0], "collector")
+    return int(saved["next_step"]["step_count"])
 
 
 # Batches of 100 frames, learning from 200 on.

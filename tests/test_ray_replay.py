@@ -22,16 +22,24 @@ from torch import nn
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.envs import GymEnv
 
+from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import choose_checkpoint, load_component
 from rl_app.checks import load_config, machine_cpus
 from rl_app.collection.ray import connect_ray
+from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.loop import Progress, RunFailed, run_iterations
-from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY
-from rl_app.replay.service import STORED_METRIC, ServiceStopped
+from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY, stored_transition
+from rl_app.replay.journal import ReplayState
+from rl_app.replay.service import (
+    STORED_METRIC,
+    ServiceReplayBuffer,
+    ServiceStopped,
+    service_parts,
+)
 from rl_app.run import build_run, train
 from rl_app.upstream.ray import TruthfulCollector, warm_up_frames
-from tests.helpers import TINY_RUN, alive, run_train, wait_for
+from tests.helpers import TINY_RUN, alive, random_play, run_train, saved_state, wait_for
 
 pytestmark = pytest.mark.ray
 
@@ -174,8 +182,8 @@ def test_a_resume_restores_every_stored_transition(shared_ray, tiny_config) -> N
         # Nothing is collected after the last save: what is stored now is what it holds.
         at_save = run.buffer[:].clone()
         saved_frames = run.progress.frames
-        # Writes after the save, which the resume must undo: 400 transitions appended,
-        # then 400 more over the oldest slots once the 5,000-slot buffer wraps.
+        # Writes after the save, which the resume must undo: 12 x 400 transitions, which
+        # fill the 5,000-slot buffer and wrap over its oldest slots.
         later = at_save[:400].apply(lambda leaf: ~leaf if leaf.dtype == torch.bool else leaf + 1)
         for _ in range(12):
             run.buffer.client.extend(later)
@@ -184,12 +192,11 @@ def test_a_resume_restores_every_stored_transition(shared_ray, tiny_config) -> N
         run.close()
     assert saved_frames == 600 and len(at_save) >= 600
     run_dir = Path(config.run_dir)
-    # The files stay in place; the checkpoint holds no copy of them.
-    replay_bytes = sum(f.stat().st_size for f in (run_dir / "replay").rglob("*") if f.is_file())
-    (checkpoint,) = (run_dir / "checkpoints").glob("checkpoint-*600")
-    saved = sum(f.stat().st_size for f in (checkpoint / "replay_buffer").rglob("*") if f.is_file())
-    assert saved < replay_bytes / 4, (saved, replay_bytes)
-    assert list((run_dir / "replay-journal").glob("undo-*.bin"))
+    # The files stay in place; the checkpoint holds no copy of them, but the journal that
+    # brings them back to it.
+    saved = saved_state(run_dir / "checkpoints" / "checkpoint-000000000600", "replay_buffer")
+    assert "storage" not in saved and saved["journal"] == 600
+    assert (run_dir / "replay-journal" / "undo-000000000600.bin").stat().st_size > 0
 
     config = tiny_config(*SERVICE_RUN, "ray.sync=false", "collector.total_frames=1000")
     run = build_run(config, resuming=True)
@@ -205,6 +212,32 @@ def test_a_resume_restores_every_stored_transition(shared_ray, tiny_config) -> N
         assert len(run.buffer) >= 1000 and (run.buffer[: len(at_save)] == at_save).all()
     finally:
         run.close()
+
+
+def test_a_service_checkpoint_holding_its_storage_whole_restores_and_journals_on(
+    tiny_config, tmp_path: Path
+) -> None:
+    # The buffer of the service's actor, built here: a checkpoint that copied the storage
+    # (its "storage" entry) restores, checks, and saves journaled checkpoints after it.
+    config = tiny_config(*SERVICE_RUN)
+    env = make_env(config.env, 0)
+    keys = make_algorithm(config, env, torch.device("cpu")).replay_keys()
+
+    def service_buffer(name: str) -> ServiceReplayBuffer:
+        buffer = ServiceReplayBuffer(**service_parts(config.replay, tmp_path / name, seed=0))
+        buffer.allocate(keys, stored_transition(env, keys), tmp_path / f"{name}-journal")
+        return buffer
+
+    saved = service_buffer("saved")
+    saved.extend(random_play(config.env.name, 600))
+    whole = ReplayState(saved, None).state_dict()
+    assert "storage" in whole
+
+    resumed = service_buffer("resumed")
+    resumed.restore(whole)
+    resumed.verify_storage()  # its files checksummed as restored
+    assert len(resumed) == 600 and (resumed[:] == saved[:]).all()
+    assert "storage" not in resumed.checkpoint(600)
 
 
 def actor_processes(class_name: str) -> set[int]:

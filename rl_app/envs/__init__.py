@@ -215,7 +215,8 @@ def make_env(
     """One seeded environment: float observations, a step counter, the episode return
     (``episode_reward``) and ``is_init`` flags at episode starts; with a recurrent
     ``network``, also the policy's recurrent state (``RECURRENT_STATE_KEYS``); a goal env
-    also says whether each step reached its goal (SUCCESS_KEY).
+    also says whether each step reached its goal (SUCCESS_KEY), and an Atari game with
+    ``env.life_loss_terminal`` whether it lost a life (LIFE_LOST).
 
     An Atari game, and any env that observes frames as one does
     (:func:`rl_app.envs.atari.observes_frames`), observes uint8 frames instead

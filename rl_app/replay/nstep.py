@@ -65,7 +65,8 @@ class NStepTransitions:
             ends = torch.where(lost.any(dim=1), lost.int().argmax(dim=1), self.slice_len - 1)
             kept = torch.arange(self.slice_len, device=ends.device) <= ends[:, None]
             discounts = discounts * kept
-            first, last = slices[:, 0].clone(), slices[torch.arange(len(slices)), ends]
+            rows = torch.arange(len(slices), device=ends.device)
+            first, last = slices[:, 0].clone(), slices[rows, ends]
             steps = (ends + 1).to(rewards.dtype).reshape(rewards[:, 0].shape)
             for key in ("terminated", "done"):
                 last["next", key] = last["next", key] | last["next", LIFE_LOST]

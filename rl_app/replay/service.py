@@ -24,14 +24,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from ray.exceptions import RayActorError
 from tensordict import NestedKey, TensorDictBase
 from torchrl.data import TensorDictRoundRobinWriter
 
 from rl_app.config import ReplayConfig
 from rl_app.replay import allocate_storage, make_sampler, shared_buffer_parts
 from rl_app.replay.buffer import RunReplayBuffer
-from rl_app.replay.journal import JournaledStorage, ReplayState, UndoJournal
+from rl_app.replay.journal import JournaledStorage, ReplayState, StorageDamaged, UndoJournal
 from rl_app.replay.keys import LOSS_MASK_KEY, PRIORITY_KEY, TRAJECTORY_KEY
 
 # What a write-back needs of a sampled batch: the rest stays with the learner.
@@ -50,13 +49,20 @@ class ServiceStopped(RuntimeError):
 @contextmanager
 def naming_the_service() -> Iterator[None]:
     """Around the learner's calls on the service: its actor dead is named
-    (:class:`ServiceStopped`), not left to Ray's error."""
+    (:class:`ServiceStopped`), and damaged replay files or a full disk in it are raised as
+    in-process, not as Ray's error with the actor's traceback."""
+    from ray.exceptions import RayActorError, RayTaskError  # (a run without Ray has none)
+
     try:
         yield
     except RayActorError as error:
         first_line = str(error).splitlines()[0]
         why = f"the learner could not reach it ({type(error).__name__}: {first_line})"
         raise ServiceStopped(why) from error
+    except RayTaskError as error:
+        if isinstance(error.cause, (StorageDamaged, OSError)):
+            raise error.cause from None
+        raise
 
 
 class ServiceReplayBuffer(RunReplayBuffer):
@@ -87,7 +93,14 @@ class ServiceReplayBuffer(RunReplayBuffer):
         return ReplayState(self, self.journal).state_dict()
 
     def restore(self, state: dict[str, Any]) -> None:
-        ReplayState(self, self.journal).load_state_dict(state)
+        if "storage" not in state:
+            ReplayState(self, self.journal).load_state_dict(state)
+            return
+        # Saved whole (a service checkpoint that copied its storage): checksummed as it
+        # is now, journaled from the next checkpoint on.
+        ReplayState(self, None).load_state_dict(state)
+        self.journal.dirty[:] = True
+        self.journal.update_checksums()
 
     def prune_journals(self, keep_from: int) -> None:
         self.journal.prune(keep_from)
@@ -97,7 +110,9 @@ class ServiceReplayBuffer(RunReplayBuffer):
 
 
 class ReplayClient(Protocol):
-    """What the learner calls on the service (each call runs in its actor)."""
+    """What the learner calls on the service (each call runs in its actor). TorchRL's client
+    refuses the names ``start``, ``close`` and ``shutdown``, hence ``checkpoint``,
+    ``prune_journals`` and ``verify_storage``."""
 
     def sample_batches(self, batch_size: int, count: int) -> list[TensorDictBase]: ...
     def write_back(self, samples: list[TensorDictBase]) -> dict[str, float]: ...
@@ -171,7 +186,8 @@ class ServiceReplay:
 class ServiceReplayState:
     """The service as a checkpoint component, and as the journal the run's checkpoints
     drive (``start``, ``prune``, ``verify``, ``close`` of
-    :class:`~rl_app.replay.journal.UndoJournal`), each a call on its actor. ``start`` waits
+    :class:`~rl_app.replay.journal.UndoJournal`), the first three each a call on its actor
+    (the journal's file closes with the actor). ``start`` waits
     for every batch in flight to land (``drain``), then starts the actor's journal and takes
     the state the checkpoint holds, in one call: a resume restores exactly what was
     stored."""
@@ -187,7 +203,8 @@ class ServiceReplayState:
             self.saved = self.client.checkpoint(frames)
 
     def state_dict(self) -> dict[str, Any]:
-        assert self.saved is not None, "a checkpoint starts the journal first"
+        if self.saved is None:
+            raise RuntimeError("the replay service's state is taken by start(), called first")
         saved, self.saved = self.saved, None
         return saved
 
@@ -204,4 +221,4 @@ class ServiceReplayState:
             self.client.verify_storage()
 
     def close(self) -> None:
-        """Nothing here: the journal's file closes with the actor."""
+        """Nothing to do here: the journal's file closes with the actor."""
