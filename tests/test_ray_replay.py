@@ -2,8 +2,9 @@
 collector actors write into it, the learner samples what they wrote and its priorities
 change what it samples next, a run through ``train.py`` counts and reports its frames
 truthfully, a resume restores exactly what was stored (through the undo journal, with no
-copy of the storage in the checkpoint), a service whose process died is named whoever finds
-it dead, and what the service cannot run is refused before anything is created. After the
+copy of the storage in the checkpoint) or refuses damaged files in one line, a service whose
+process died is named whoever finds it dead, and what the service cannot run is refused
+before anything is created. After the
 first test, the tests share one Ray, as tests/test_ray.py's do."""
 
 from __future__ import annotations
@@ -212,6 +213,24 @@ def test_a_resume_restores_every_stored_transition(shared_ray, tiny_config) -> N
         assert len(run.buffer) >= 1000 and (run.buffer[: len(at_save)] == at_save).all()
     finally:
         run.close()
+
+
+def test_damaged_replay_files_of_the_service_refuse_the_resume_in_one_line(
+    shared_ray, tiny_config
+) -> None:
+    config = tiny_config(*SERVICE_RUN, "collector.total_frames=400")
+    train(config)
+    with open(Path(config.run_dir) / "replay" / "action.memmap", "r+b") as file:
+        file.write(b"damaged!")  # slot 0's action, written at the first batch
+    resumed = tiny_config(*SERVICE_RUN, "collector.total_frames=600")
+    # Raised in the service's actor, told as in-process: no remote traceback.
+    with pytest.raises(
+        RunFailed,
+        match=r"^cannot resume: the replay buffer's files in .* are "
+        r"damaged \(checksum mismatch: action slots 0-1023\);",
+    ) as failure:
+        train(resumed)
+    assert "Traceback" not in str(failure.value)
 
 
 def test_a_service_checkpoint_holding_its_storage_whole_restores_and_journals_on(
