@@ -24,10 +24,15 @@ class Episodes:
     reached_goal: torch.Tensor | None  # in a goal env: whether each one's last step did
 
 
+def no_stop() -> None:
+    """An abandon point that never abandons: evaluation with no stop to heed."""
+
+
 def evaluate(
     config: Config,
     policy_factory: Callable[..., TensorDictModuleBase],
     policy: TensorDictModuleBase,
+    abandon_point: Callable[[], None] = no_stop,
 ) -> dict[str, float]:
     """Mean return (``EVAL_KEY``) of ``eval.episodes`` episodes played with ``policy``'s
     current weights and its deterministic action (the mode of its distribution); in a goal
@@ -35,10 +40,14 @@ def evaluate(
 
     A copy of the policy (from ``policy_factory``) plays, so evaluation never touches the
     learner's modules. Every evaluation plays the same seeded episodes (:func:`play_episodes`),
-    so that scores compare across evaluations and across resumes."""
+    so that scores compare across evaluations and across resumes.
+
+    ``abandon_point`` is called between its steps, and may raise to drop it
+    (:meth:`rl_app.interrupts.StopRequest.abandon_point`)."""
     actor = policy_factory()
+    abandon_point()
     actor.load_state_dict(policy.state_dict())
-    episodes = play_episodes(config, actor, config.eval.episodes)
+    episodes = play_episodes(config, actor, config.eval.episodes, abandon_point=abandon_point)
     scores = {EVAL_KEY: episodes.returns.mean().item()}
     if episodes.reached_goal is not None:
         scores[SUCCESS_RATE_KEY] = episodes.reached_goal.double().mean().item()  # 9 of 10: 0.9
@@ -46,7 +55,11 @@ def evaluate(
 
 
 def play_episodes(
-    config: Config, policy: TensorDictModuleBase, episodes: int, seed: int | None = None
+    config: Config,
+    policy: TensorDictModuleBase,
+    episodes: int,
+    seed: int | None = None,
+    abandon_point: Callable[[], None] = no_stop,
 ) -> Episodes:
     """The first ``episodes`` evaluation episodes (with ``seed``, those of an evaluation
     seeded so), played by ``policy`` deterministically in a batch of envs, episode k in
@@ -56,7 +69,7 @@ def play_episodes(
     (``dqn.eval_eps``), it draws from torch's generator seeded with the env seed, so
     episode k's draws depend only on k and on ``episodes``, not on the learner's state."""
     seed = evaluation_seed(config) if seed is None else seed
-    starts = episode_starts(config, seed, episodes)
+    starts = episode_starts(config, seed, episodes, abandon_point)
     # One factory for all (with each env's own arguments): SerialEnv then builds one env,
     # not each, to learn their specs.
     env = SerialEnv(
@@ -77,6 +90,7 @@ def play_episodes(
             torch.manual_seed(seed)
             state = env.reset()
             while playing.any():
+                abandon_point()
                 # "_step": ended episodes' envs take no more steps (TorchRL's partial steps).
                 state = env.step(policy(state).set("_step", playing))
                 ends = (state["next", "done"] & playing).squeeze(-1)
@@ -94,7 +108,9 @@ def evaluation_seed(config: Config) -> int:
     return config.seed + EVAL_SEED_OFFSET
 
 
-def episode_starts(config: Config, seed: int, episodes: int) -> list[dict[str, Any]]:
+def episode_starts(
+    config: Config, seed: int, episodes: int, abandon_point: Callable[[], None] = no_stop
+) -> list[dict[str, Any]]:
     """The random state each of the first ``episodes`` evaluation episodes starts from.
 
     Episode k is the k-th that one env seeded ``seed`` plays one after another, after a
@@ -106,10 +122,13 @@ def episode_starts(config: Config, seed: int, episodes: int) -> list[dict[str, A
     gym_env = gymnasium_env(env)
     env.reset()
     starts = []
-    for _ in range(episodes):
-        env.reset()
-        starts.append(gym_env.random_state_before_reset)
-    env.close()
+    try:
+        for _ in range(episodes):
+            abandon_point()
+            env.reset()
+            starts.append(gym_env.random_state_before_reset)
+    finally:
+        env.close()
     return starts
 
 

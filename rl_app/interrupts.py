@@ -1,7 +1,12 @@
 """Stopping cleanly: a signal only sets a flag; the loop saves and stops at the next
 iteration boundary, never in the middle of an update. An evaluation in progress is dropped
-at once (:class:`Abandoned`): the loop saves first and owes the evaluation to the resume,
-or runs it then if it fits before a known deadline (:meth:`StopRequest.allows`).
+at its next step (:class:`Abandoned`): the loop saves first and owes the evaluation to the
+resume, or runs it then if it fits before a known deadline (:meth:`StopRequest.allows`).
+
+The handler raises nothing into the code it interrupts: a signal lands anywhere, inside
+library code too, whose broad ``except Exception`` would turn an exception raised there into
+an error of its own. The work a stop drops checks the flag between its steps instead
+(:meth:`StopRequest.abandon_point`).
 
 SIGINT is Ctrl-C, SIGTERM a polite kill, SIGUSR2 what SLURM (through submitit) sends
 before a preemption or the time limit. A second Ctrl-C during a save waits for the save
@@ -9,15 +14,17 @@ to end, then stops; at any other time it stops at once, after saying what is los
 
 from __future__ import annotations
 
+import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 
-class Abandoned(Exception):
-    """Raised inside :meth:`StopRequest.abandonable` when a stop is asked for there."""
+class Abandoned(BaseException):
+    """Raised by :meth:`StopRequest.abandon_point` when a stop came during abandonable work.
+    Not an ``Exception``: library code that the work calls back from (a rollout's callback)
+    lets it through."""
 
 
 class StopRequest:
@@ -40,7 +47,7 @@ class StopRequest:
         self._allowing = False
         self._saving = False
         self._stop_after_save = False
-        self._abandonable = False
+        self._abandon = False  # a stop came since the abandonable work in progress began
 
     @property
     def requested(self) -> bool:
@@ -89,16 +96,20 @@ class StopRequest:
 
     @contextmanager
     def abandonable(self) -> Iterator[None]:
-        """Work that a stop drops at once (raising :class:`Abandoned`), since it can be
-        redone after a resume; also if the stop was asked for before it began (unless
-        :meth:`allowing` it)."""
+        """Work that a stop drops at its next :meth:`abandon_point` (raising
+        :class:`Abandoned`), since it can be redone after a resume; dropped at once if the
+        stop was asked for before it began (unless :meth:`allowing` it)."""
         if self.requested and not self._allowing:
             raise Abandoned
-        self._abandonable = True
-        try:
-            yield
-        finally:
-            self._abandonable = False
+        self._abandon = False  # only a stop that comes from now on drops it
+        yield
+
+    def abandon_point(self) -> None:
+        """Called between the steps of abandonable work: raise :class:`Abandoned` once if a
+        stop came since it began."""
+        if self._abandon:
+            self._abandon = False
+            raise Abandoned
 
     def _handle(self, signum: int, frame: object) -> None:
         if self.requested and signum == signal.SIGINT:
@@ -116,10 +127,10 @@ class StopRequest:
         if signum == signal.SIGUSR2 and self.usr2_grace_s is not None and self.deadline is None:
             self.deadline = time.monotonic() + self.usr2_grace_s
         self.reason = signal.Signals(signum).name
-        if self._abandonable:
-            self._abandonable = False  # raised once, however many signals follow
-            raise Abandoned
+        self._abandon = True
 
 
 def say(message: str) -> None:
-    print(f"rl_app: {message}", file=sys.stderr, flush=True)
+    """Write ``message`` to stderr from a signal handler: with ``os.write``, since a print
+    could land inside a print of the code interrupted (a reentrant call, an error there)."""
+    os.write(2, f"rl_app: {message}\n".encode())

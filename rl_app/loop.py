@@ -219,13 +219,22 @@ def end_iteration(
 
     A stop saves first: an evaluation due when it comes, or in progress, is dropped and
     owed (``Progress.owed_eval``, the iteration's metrics row waiting with it in the
-    checkpoint), and runs first thing after the resume with the result it would have had."""
+    checkpoint), and runs first thing after the resume with the result it would have had.
+    An evaluation that raises is owed too: the training state is saved before the error
+    stops the run."""
     progress, phases = run.progress, run.phases
     if eval_due:
         try:
             evaluate_iteration(run, metrics, stop)
         except Abandoned:
             progress.owed_eval = metrics
+        except Exception:
+            # Evaluation changes no training state: save it, the evaluation owed, before
+            # the error stops the run (named in the phase it came from: saved untimed).
+            progress.owed_eval = metrics
+            with stop.saving():
+                save_checkpoint(run, None)
+            raise
     if progress.owed_eval is None:
         with phases("logging"):
             run.logger.log(progress.frames, metrics)
@@ -254,7 +263,9 @@ def evaluate_iteration(run: Run, metrics: dict[str, float], stop: StopRequest) -
     config, algorithm, progress, phases = run.config, run.algorithm, run.progress, run.phases
     with stop.abandonable():
         with phases("evaluating"), torch.random.fork_rng():
-            scores = evaluate(config, algorithm.policy_factory(), algorithm.policy)
+            scores = evaluate(
+                config, algorithm.policy_factory(), algorithm.policy, stop.abandon_point
+            )
         if config.eval.video and progress.evaluations % config.eval.video_every == 0:
             with phases("recording a video"), torch.random.fork_rng():
                 record_evaluation_video(
@@ -263,6 +274,7 @@ def evaluate_iteration(run: Run, metrics: dict[str, float], stop: StopRequest) -
                     algorithm.policy,
                     run.logger.backend,
                     progress.frames,
+                    stop.abandon_point,
                 )
     metrics.update(scores)
     progress.record_eval(scores[EVAL_KEY])

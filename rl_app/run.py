@@ -265,8 +265,14 @@ def find_resume_point(run_dir: Path) -> Path:
 def describe_failure(run: Run, error: Exception) -> str:
     """One paragraph for the user; the traceback goes to ``error.log`` in the run directory."""
     (run.run_dir / ERROR_LOG).write_text(traceback.format_exc())
+    owed = run.progress.owed_eval is not None  # an evaluation's fault: training was saved
+    # The iteration's counter goes up once its batch is collected.
+    iteration = run.progress.iterations + (run.phases.current in ("starting", "collecting"))
     return (
-        f"training stopped while {run.phases.current} at iteration {run.progress.iterations + 1} "
-        f"({run.progress.frames} frames): {type(error).__name__}: {error}\n"
-        f"last good checkpoint: {run.checkpoints.latest()}; traceback in {run.run_dir / ERROR_LOG}"
+        f"training stopped while {run.phases.current} at iteration {iteration} "
+        f"({run.progress.frames} frames): "
+        f"{type(error).__name__}: {error}\n"
+        f"last good checkpoint: {run.checkpoints.latest()}"
+        f"{' (the evaluation runs first when it resumes)' if owed else ''}; "
+        f"traceback in {run.run_dir / ERROR_LOG}"
     )

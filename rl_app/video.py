@@ -19,7 +19,7 @@ from torchrl.record.loggers import Logger
 from torchrl.render import RenderConfig, RenderResult, write_render_artifact
 
 from rl_app.config import Config
-from rl_app.evaluation import evaluation_env
+from rl_app.evaluation import evaluation_env, no_stop
 from rl_app.rendering import RENDER_MODE, mp4_problem
 
 VIDEO_TAG = "eval/video"
@@ -57,15 +57,23 @@ def record_evaluation_video(
     policy: TensorDictModuleBase,
     logger: Logger,
     step: int,
+    abandon_point: Callable[[], None] = no_stop,
 ) -> None:
     """Play the evaluation's first episode with a copy of ``policy`` (deterministic, as the
-    evaluation acts) and log its video at ``step``. The learner's modules are not touched."""
+    evaluation acts) and log its video at ``step``. The learner's modules are not touched.
+    ``abandon_point`` is called after every frame (:func:`rl_app.evaluation.evaluate`)."""
     env, recorder = recording_env(config, logger)
-    actor = policy_factory()
-    actor.load_state_dict(policy.state_dict())
     try:
+        actor = policy_factory()
+        abandon_point()
+        actor.load_state_dict(policy.state_dict())
         with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-            env.rollout(episode_horizon(config.env.name), actor, break_when_any_done=True)
+            env.rollout(
+                episode_horizon(config.env.name),
+                actor,
+                callback=lambda *_: abandon_point(),
+                break_when_any_done=True,
+            )
         recorder.dump(step=step)
     finally:
         env.close()

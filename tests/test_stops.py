@@ -1,21 +1,31 @@
 """Stops that save in seconds, whatever the evaluation costs: a signal during a slow
 evaluation saves at the iteration it came in, with the evaluation owed to the resume; a
-second Ctrl-C during a save waits for it; checkpoints come on their own cadence too."""
+signal that lands inside library code stops the run as anywhere else; an evaluation's
+fault saves the training first; a second Ctrl-C during a save waits for it; checkpoints
+come on their own cadence too."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
 from rl_app.checkpointing import checkpoint_candidates, recorded_best
+from rl_app.checks import load_config
+from rl_app.config import Config
 from rl_app.interrupts import Abandoned, StopRequest
 from rl_app.logger import EVAL_KEY, read_metrics
-from rl_app.run import train
+from rl_app.loop import RunFailed
+from rl_app.run import ERROR_LOG, train
 from tests.helpers import (
     PYTHON,
     TINY_RUN,
@@ -34,6 +44,121 @@ from tests.slow_eval_envs import (
     USR2_AT_STEP_VARIABLE,
     SlowEvalPendulum,
 )
+
+VIDEO = ("eval.video=true", "logger.backend=csv")
+# Points inside library code where a signal comes, each reached by the run's first
+# evaluation (at 400 frames) or the save after it: the library's function it is sent from
+# (its owner and name), the project's function that calls it (directly or not), and the
+# settings that make the run reach it. "policy construction" is where a stop once failed
+# the run: TorchRL's MLP -> create_on_device -> inspect.getfullargspec, whose
+# ``except Exception`` turned what the signal raised into TypeError('unsupported callable').
+SIGNAL_POINTS: dict[str, tuple[Any, str, str, tuple[str, ...]]] = {
+    "policy construction": (inspect, "_signature_from_callable", "evaluate", ()),
+    "env construction": (PendulumEnv, "__init__", "evaluate", ()),
+    "env step": (PendulumEnv, "step", "play_episodes", ()),
+    "video frame": (PendulumEnv, "render", "record_evaluation_video", VIDEO),
+    "checkpoint save": (torch, "save", "save_checkpoint", ()),
+}
+
+
+def called_from(function: str) -> bool:
+    """Whether the caller runs below a call of ``rl_app``'s function ``function``."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == function and f"{os.sep}rl_app{os.sep}" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def once_inside(
+    monkeypatch: pytest.MonkeyPatch,
+    owner: Any,
+    name: str,
+    within: str,
+    action: Callable[[], None],
+) -> None:
+    """Run ``action`` inside ``owner.name`` (before its own work), the first time it is
+    called below ``rl_app``'s function ``within``."""
+    original = getattr(owner, name)
+    done = False
+
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        nonlocal done
+        if not done and called_from(within):
+            done = True
+            action()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, hooked)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple]:
+    """``uninterrupted(*overrides)``: the tiny run trained without a stop (once per module
+    and overrides)."""
+    runs: dict[tuple[str, ...], tuple] = {}
+
+    def run(*overrides: str) -> tuple:
+        if overrides not in runs:
+            run_dir = tmp_path_factory.mktemp("uninterrupted")
+            runs[overrides] = train_in_process(
+                load_config("default", [*TINY_RUN, f"run_dir={run_dir}", *overrides])
+            )
+        return runs[overrides]
+
+    return run
+
+
+def resume_and_compare(config: Config, alone: tuple) -> None:
+    """Resuming ``config``'s run gives the run trained without a stop, every evaluation
+    logged once (a resume that owes nothing)."""
+    resumed = resume_in_process(config)
+    assert_same_run(alone, resumed)
+    assert [row["frames"] for row in resumed[2] if EVAL_KEY in row] == [400, 800, 1200]
+
+
+@pytest.mark.parametrize("point", SIGNAL_POINTS)
+def test_a_stop_landing_inside_library_code_saves_and_the_resume_owes_nothing(
+    point: str, tiny_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uninterrupted
+) -> None:
+    owner, name, within, overrides = SIGNAL_POINTS[point]
+    once_inside(monkeypatch, owner, name, within, lambda: signal.raise_signal(signal.SIGTERM))
+    config = tiny_config(*overrides, run_dir=tmp_path / "stopped")
+    result = train(config)
+    monkeypatch.undo()
+    assert result.stopped_by == "SIGTERM" and result.frames == 400
+    (checkpoint,) = checkpoint_candidates(tmp_path / "stopped" / "checkpoints")
+    assert checkpoint.name == "checkpoint-000000000400"
+    # Inside the evaluation, it is owed; inside the save after it, it was made.
+    owed = saved_progress(checkpoint).owed_eval
+    assert (owed is None) == (point == "checkpoint save")
+    resume_and_compare(config, uninterrupted(*overrides))
+
+
+def test_an_evaluation_fault_saves_the_training_and_the_resume_owes_nothing(
+    tiny_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uninterrupted
+) -> None:
+    def fault() -> None:
+        raise RuntimeError("the evaluation env broke")
+
+    once_inside(monkeypatch, PendulumEnv, "step", "play_episodes", fault)
+    config = tiny_config(run_dir=tmp_path / "faulty")
+    with pytest.raises(RunFailed) as failure:
+        train(config)
+    monkeypatch.undo()
+    message = str(failure.value)
+    checkpoint = tmp_path / "faulty" / "checkpoints" / "checkpoint-000000000400"
+    assert message.startswith(
+        "training stopped while evaluating at iteration 2 (400 frames): "
+        "RuntimeError: the evaluation env broke\n"
+        f"last good checkpoint: {checkpoint} (the evaluation runs first when it resumes)"
+    )
+    assert "the evaluation env broke" in (tmp_path / "faulty" / ERROR_LOG).read_text()
+    assert saved_progress(checkpoint).owed_eval["iteration"] == 2
+    assert [row["frames"] for row in read_metrics(tmp_path / "faulty")] == [200]
+    resume_and_compare(config, uninterrupted())
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2], ids=["SIGTERM", "SIGUSR2"])
@@ -117,17 +242,26 @@ def test_a_second_ctrl_c_during_a_save_waits_for_it_and_stops_at_once_otherwise(
         assert "lost: the 600 frames since checkpoint-000000000400" in capfd.readouterr().err
 
 
-def test_a_signal_drops_abandonable_work_at_once() -> None:
+def test_a_signal_drops_abandonable_work_at_its_next_abandon_point() -> None:
     stop = StopRequest()
     with stop.installed():
         with pytest.raises(Abandoned):
             with stop.abandonable():
-                signal.raise_signal(signal.SIGTERM)
-                raise AssertionError("not reached: the signal raises")
+                stop.abandon_point()  # no stop yet: goes on
+                signal.raise_signal(signal.SIGTERM)  # the handler raises nothing
+                steps_after_the_signal = 1
+                stop.abandon_point()
+                raise AssertionError("not reached: the abandon point raises")
+        assert steps_after_the_signal == 1
         with pytest.raises(Abandoned):  # a stop asked for before it begins
             with stop.abandonable():
                 raise AssertionError("not reached")
-    assert stop.reason == "SIGTERM"
+        with stop.allowing(), stop.abandonable():  # allowed despite the stop: only a new
+            stop.abandon_point()  # signal drops it
+            signal.raise_signal(signal.SIGUSR2)
+            with pytest.raises(Abandoned):
+                stop.abandon_point()
+    assert stop.reason == "SIGUSR2"
 
 
 def test_a_run_that_evaluates_only_at_its_end_has_checkpoints_along_the_way(
