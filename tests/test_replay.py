@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from rl_app.algorithms import make_algorithm
 from rl_app.config import ReplayConfig
 from rl_app.envs import make_env
+from rl_app.logger import read_metrics
 from rl_app.replay import (
     PRIORITY_KEY,
     TRAJECTORY_KEY,
@@ -29,7 +30,7 @@ from rl_app.replay import (
     write_priorities,
 )
 from rl_app.run import train
-from tests.helpers import random_play
+from tests.helpers import random_play, strip_wall_time
 
 SLICE_LEN = 4
 NUM_SLICES = 16
@@ -184,3 +185,18 @@ def test_a_default_run_passes_through_no_replay_feature(tiny_config) -> None:
     # TorchRL's losses enter its recurrent mode on every call: no LSTM runs in it.
     lstm = torchrl.modules.tensordict_module.rnn.__file__
     assert not {name for file, name in called if file == lstm and "LSTM" in name}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_prioritized_slices_in_gpu_memory_train_and_resume_exactly_on_a_gpu(
+    tiny_config, tmp_path: Path
+) -> None:
+    """Storage on the GPU, priority trees on the CPU (only indices and priorities cross):
+    a run stopped at 800 frames and resumed logs what the run trained at once logs."""
+    gpu = ["device=cuda", "replay.device=cuda", "replay.sampler=prioritized_slice"]
+    train(tiny_config(*gpu, run_dir=tmp_path / "alone"))
+    train(tiny_config(*gpu, "collector.total_frames=800", run_dir=tmp_path / "resumed"))
+    train(tiny_config(*gpu, run_dir=tmp_path / "resumed"))
+    alone, resumed = (read_metrics(tmp_path / name) for name in ("alone", "resumed"))
+    assert [strip_wall_time(row) for row in resumed] == [strip_wall_time(row) for row in alone]
+    assert [row["frames"] for row in alone] == [200, 400, 600, 800, 1000, 1200]

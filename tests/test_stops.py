@@ -10,7 +10,6 @@ import inspect
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,7 +62,7 @@ SIGNAL_POINTS: dict[str, tuple[Any, str, str, tuple[str, ...]]] = {
 
 def called_from(function: str) -> bool:
     """Whether the caller runs below a call of ``rl_app``'s function ``function``."""
-    frame = sys._getframe(2)
+    frame = inspect.currentframe()
     while frame is not None:
         code = frame.f_code
         if code.co_name == function and f"{os.sep}rl_app{os.sep}" in code.co_filename:

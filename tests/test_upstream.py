@@ -49,9 +49,10 @@ from xdist.remote import WorkerInteractor
 
 from rl_app.algorithms import make_algorithm
 from rl_app.checks import load_config
-from rl_app.config import SEGMENT_TREE_MAX_SIZE, EnvConfig
+from rl_app.config import SEGMENT_TREE_MAX_SIZE, EnvConfig, ReplayConfig
 from rl_app.envs import env_factory, make_env
 from rl_app.envs.resumable import ResumableEnv
+from rl_app.replay import make_sampler
 from rl_app.replay.hindsight import HindsightReplayBuffer
 from rl_app.upstream.gymnasium import set_elapsed_steps
 from rl_app.upstream.optuna import resumed_trial
@@ -1094,3 +1095,20 @@ def test_async_rpc_collection_still_mixes_weights_within_a_batch(tmp_path: Path)
     per_batch = [ast.literal_eval(line) for line in done.stdout.splitlines()]
     assert len(per_batch) == 6
     assert any(len([v for v in versions if v > 0]) > 1 for versions in per_batch), per_batch
+
+
+@pytest.mark.parametrize("sampler", ["prioritized", "prioritized_slice", "prioritized_sequence"])
+def test_priority_trees_stay_on_the_cpu_beside_a_storage_on_a_gpu_stand_in(sampler: str) -> None:
+    # No GPU storage can be made here: a CPU storage that says it is on a GPU stands in
+    # (TorchRL places the trees by the storage's device alone).
+    storage = LazyTensorStorage(100)
+    storage.device = torch.device("cuda", 0)
+    replay = ReplayConfig(sampler=sampler, capacity=100)
+    if torchrl.data.replay_buffers.samplers.prioritized.CudaSumSegmentTreeFp32 is None:
+        moved = make_sampler(replay)
+        moved._device = None  # TorchRL's own placement
+        with pytest.raises(RuntimeError, match="require a TorchRL CUDA wheel"):
+            moved._maybe_init_from_storage(storage)
+    kept = make_sampler(replay)  # rl_app.upstream.torchrl.keep_priority_trees_on_cpu
+    kept._maybe_init_from_storage(storage)
+    assert kept.device == torch.device("cpu") and kept._sum_tree is not None

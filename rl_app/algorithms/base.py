@@ -20,7 +20,8 @@ algorithm come from the declarations.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import torch
@@ -90,6 +91,8 @@ class Algorithm(abc.ABC):
     compute_losses: Callable[[TensorDictBase], TensorDictBase]
     #: :meth:`gradient_step` itself or, with ``optim.cudagraphs``, its CUDA-graph capture.
     step: Callable[[TensorDictBase], TensorDictBase]
+    #: The learner's device: where every tensor an update reads lives.
+    device: torch.device
     #: Whether sampled goals are relabelled in hindsight (``replay.her_ratio``).
     relabels_goals: bool = False
     #: Whether its n-step transitions end at a lost life (``env.life_loss_terminal``).
@@ -118,6 +121,12 @@ class Algorithm(abc.ABC):
         tensor work only, with no host synchronization, so that a CUDA graph can capture
         it. Returns the detached losses, and the new priority of each step of ``batch``
         under ``PRIORITY_KEY`` (:mod:`rl_app.replay`)."""
+
+    def check_device(self, batch: TensorDictBase) -> None:
+        """Raise :class:`LearnerDeviceError` naming each tensor an update on ``batch`` would
+        read that is not on the learner's device: the batch's, the loss's (networks, target
+        networks, value estimator) and the optimizer's state."""
+        check_learner_device(self.device, batch, {"loss": self.loss}, self.optimizer)
 
     def after_update(self, metrics: TensorDictBase) -> None:
         """What follows a gradient step on the host (counted target copies, metrics of
@@ -153,13 +162,15 @@ class Algorithm(abc.ABC):
         optimizer, exploration state), each object offering ``state_dict``."""
 
 
-def make_value_estimator(loss: LossModule, optim: OptimConfig) -> None:
-    """Give ``loss`` the value target ``optim.target`` names.
+def make_value_estimator(loss: LossModule, optim: OptimConfig, device: torch.device) -> None:
+    """Give ``loss`` the value target ``optim.target`` names, its tensors (gamma, lambda) on
+    the learner's ``device``: made after the loss was moved there, they would stay on the
+    CPU, which a CUDA graph cannot read.
 
     Every estimator bootstraps through ``("next", "terminated")`` only: a ``done`` without
     termination (a time limit, or the end of a sampled slice) cuts a multi-step chain and
     bootstraps from the next state's value; it never ends the return."""
-    hyperparams = {"gamma": optim.gamma}
+    hyperparams: dict[str, Any] = {"gamma": optim.gamma, "device": device}
     if optim.target == "td_lambda":
         hyperparams["lmbda"] = optim.lmbda
     loss.make_value_estimator(VALUE_ESTIMATORS[optim.target], **hyperparams)
@@ -232,15 +243,80 @@ def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase],
 CUDA_GRAPH_WARMUP = 10
 
 
+class LearnerDeviceError(RuntimeError):
+    """An update would read a tensor that is not on the learner's device."""
+
+
+def tensors_elsewhere(
+    device: torch.device,
+    batch: TensorDictBase,
+    modules: Mapping[str, torch.nn.Module],
+    optimizer: torch.optim.Optimizer,
+) -> list[str]:
+    """Every tensor an update reads that is not on ``device``, named with its device: the
+    batch's, the parameters and buffers of ``modules`` (by their names there), and the
+    optimizer's state (by parameter, in the order of its groups)."""
+
+    def elsewhere(tensor: torch.Tensor) -> bool:
+        return tensor.device.type != device.type or (
+            device.index is not None and tensor.device.index != device.index
+        )
+
+    found = [
+        f"batch[{key!r}] ({tensor.device})"
+        for key, tensor in batch.items(include_nested=True, leaves_only=True)
+        if elsewhere(tensor)
+    ]
+    for owner, module in modules.items():
+        for name, tensor in itertools.chain(module.named_parameters(), module.named_buffers()):
+            if elsewhere(tensor):
+                found.append(f"{owner}.{name} ({tensor.device})")
+    parameters = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, parameter in enumerate(parameters):
+        for name, value in optimizer.state.get(parameter, {}).items():
+            if isinstance(value, torch.Tensor) and elsewhere(value):
+                found.append(f"optimizer state {name!r} of parameter {index} ({value.device})")
+    return found
+
+
+def check_learner_device(
+    device: torch.device,
+    batch: TensorDictBase,
+    modules: Mapping[str, torch.nn.Module],
+    optimizer: torch.optim.Optimizer,
+) -> None:
+    """Raise :class:`LearnerDeviceError` naming every tensor of :func:`tensors_elsewhere`:
+    CUDA's own error at a capture names none."""
+    if found := tensors_elsewhere(device, batch, modules, optimizer):
+        raise LearnerDeviceError(
+            f"the update reads tensors that are not on the learner's device {device}: "
+            + ", ".join(found)
+        )
+
+
 def capture_step(
-    step: Callable[[TensorDictBase], TensorDictBase], optim: OptimConfig
+    step: Callable[[TensorDictBase], TensorDictBase],
+    optim: OptimConfig,
+    check: Callable[[TensorDictBase], None],
 ) -> Callable[[TensorDictBase], TensorDictBase]:
     """``step`` itself or, with ``optim.cudagraphs``, recorded once as a CUDA graph that
     later updates replay with new batches of the same shape, in one launch.
 
-    Without CUDA, tensordict's ``CudaGraphModule`` calls ``step`` unchanged (the
-    configuration refuses ``optim.cudagraphs`` on a machine without CUDA)."""
+    Before each warm-up step and before the capture, ``check(batch)`` makes sure that
+    everything the step reads is on the learner's device (the optimizer makes its state in
+    the first step). Without CUDA, tensordict's ``CudaGraphModule`` calls ``step`` unchanged
+    (the configuration refuses ``optim.cudagraphs`` on a machine without CUDA)."""
     if not optim.cudagraphs:
         return step
     # in_keys=[]: the step takes a whole TensorDict and returns one.
-    return CudaGraphModule(step, warmup=CUDA_GRAPH_WARMUP, in_keys=[], out_keys=[])
+    graph = CudaGraphModule(step, warmup=CUDA_GRAPH_WARMUP, in_keys=[], out_keys=[])
+    checks_left = CUDA_GRAPH_WARMUP + 1
+
+    def checked_step(batch: TensorDictBase) -> TensorDictBase:
+        nonlocal checks_left
+        if checks_left:
+            check(batch)
+            checks_left -= 1
+        return graph(batch)
+
+    return checked_step

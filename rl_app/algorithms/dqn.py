@@ -287,6 +287,7 @@ class DQN(Algorithm):
         self._goal_dim = goal_dim(env)
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._config = config
+        self.device = device
         self._dqn = config.dqn
         self._recurrent = config.network.recurrent != "none"
         self.relabels_goals = config.replay.her_ratio > 0
@@ -298,17 +299,17 @@ class DQN(Algorithm):
             delay_value=True,
             double_dqn=picks_with_online_network(config.dqn),
             loss_function=config.dqn.loss,
-            action_space=self._action_spec,
+            action_space=self._action_spec.to(device),
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
-        make_value_estimator(self.loss, config.optim)
+        make_value_estimator(self.loss, config.optim, device)
         mask_padded_steps(self.loss, config.replay, stacked_frames=self._observation_dim is None)
         self.target_updater = HardUpdate(
             self.loss, value_network_update_interval=config.dqn.target_update_interval
         )
         self.optimizer = make_adam(self.loss.parameters(), config.optim)
         self.compute_losses = loss_function(self.loss, config.optim.compile)
-        self.step = capture_step(self.gradient_step, config.optim)
+        self.step = capture_step(self.gradient_step, config.optim, self.check_device)
 
     def replay_keys(self) -> list[Any]:
         if self._observation_dim is None:  # stacked frames: stored once, rebuilt when sampled

@@ -125,6 +125,7 @@ class SAC(Algorithm):
         self._goal_dim = goal_dim(env)
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._config = config
+        self.device = device
         self.relabels_goals = config.replay.her_ratio > 0
         self.policy = self.policy_factory()().to(device)
         qvalue = make_qvalue(
@@ -141,14 +142,14 @@ class SAC(Algorithm):
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
         create_target_entropy_buffer(self.loss)  # before a compile (rl_app.upstream)
-        make_value_estimator(self.loss, config.optim)
+        make_value_estimator(self.loss, config.optim, device)
         mask_padded_steps(self.loss, config.replay)
         self.target_updater = SoftUpdate(self.loss, tau=config.sac.tau)
         # One optimizer over actor, critics and temperature: each loss term only reaches
         # its own parameters (SACLoss detaches the others), so the summed loss is exact.
         self.optimizer = make_adam(self.loss.parameters(), config.optim)
         self.compute_losses = loss_function(self.loss, config.optim.compile)
-        self.step = capture_step(self.gradient_step, config.optim)
+        self.step = capture_step(self.gradient_step, config.optim, self.check_device)
 
     def policy_factory(self) -> Callable[..., ProbabilisticActor]:
         return functools.partial(

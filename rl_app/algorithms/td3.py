@@ -153,6 +153,7 @@ class TD3(Algorithm):
         self._goal_dim = goal_dim(env)
         self._action_spec = env.action_spec_unbatched.clone().cpu()
         self._config = config
+        self.device = device
         self.relabels_goals = config.replay.her_ratio > 0
         self.policy = self.policy_factory()().to(device)
         actor = self.policy[0]
@@ -172,7 +173,7 @@ class TD3(Algorithm):
             deactivate_vmap=not config.optim.compile,  # as sac.vmap_qnets=false when eager
         )
         self.loss.set_keys(priority=PRIORITY_KEY)
-        make_value_estimator(self.loss, config.optim)
+        make_value_estimator(self.loss, config.optim, device)
         mask_padded_steps(self.loss, config.replay)
         self.target_updater = SoftUpdate(self.loss, tau=config.td3.tau)
         # One optimizer over actor and critics: each step gives gradients to one of them
@@ -182,8 +183,8 @@ class TD3(Algorithm):
         # TD3Loss's two halves, each compiled with optim.compile: most steps need no actor loss.
         self.critic_loss = loss_function(self.loss.value_loss, config.optim.compile)
         self.actor_loss = loss_function(self.loss.actor_loss, config.optim.compile)
-        self.step = capture_step(self.gradient_step, config.optim)
-        self.delayed_step = capture_step(self.actor_step, config.optim)
+        self.step = capture_step(self.gradient_step, config.optim, self.check_device)
+        self.delayed_step = capture_step(self.actor_step, config.optim, self.check_device)
         self.delayed = DelayedUpdates(config.td3.policy_delay, device)
 
     def policy_factory(self) -> Callable[..., TensorDictSequential]:

@@ -76,7 +76,12 @@ from rl_app.replay.keys import (
 from rl_app.replay.nstep import NStepTransitions, nstep_gamma
 from rl_app.replay.recurrent import StateRefresh
 from rl_app.replay.sequences import SequenceReplayBuffer, sequence_unit
-from rl_app.upstream.torchrl import VectorizedSliceSampler, gymnasium_env, lay_out_storage
+from rl_app.upstream.torchrl import (
+    VectorizedSliceSampler,
+    gymnasium_env,
+    keep_priority_trees_on_cpu,
+    lay_out_storage,
+)
 
 __all__ = [
     "LOSS_MASK_KEY",
@@ -114,16 +119,18 @@ def make_sampler(replay: ReplayConfig, *, torchrl_own: bool = False) -> Sampler:
     # A one-step slice is a transition; TorchRL 0.14.1's PrioritizedSliceSampler masks every
     # start when slice_len is 1 (it then raises "non-positive p_sum").
     one_step = replay.slice_len == 1
-    if replay.sampler in ("prioritized", "prioritized_sequence") or (
-        replay.sampler == "prioritized_slice" and one_step
-    ):
-        return PrioritizedSampler(**prioritized)
-    if replay.sampler == "prioritized_slice":
-        kind = PrioritizedSliceSampler if torchrl_own else VectorizedSliceSampler
-        return kind(**prioritized, **slices)
     if replay.sampler == "slice":
         return SliceSampler(**slices)
-    return RandomSampler()
+    if replay.sampler == "uniform":
+        return RandomSampler()
+    if replay.sampler == "prioritized_slice" and not one_step:
+        kind = PrioritizedSliceSampler if torchrl_own else VectorizedSliceSampler
+        sampler = kind(**prioritized, **slices)
+    else:  # prioritized, prioritized_sequence, or one-step prioritized slices
+        sampler = PrioritizedSampler(**prioritized)
+    # With replay.device=cuda too: the trees stay on the CPU (rl_app.upstream).
+    keep_priority_trees_on_cpu(sampler)
+    return sampler
 
 
 def shared_buffer_parts(replay: ReplayConfig, seed: int) -> dict[str, Any]:

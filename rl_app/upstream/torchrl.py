@@ -304,6 +304,20 @@ def set_storage_length(storage: TensorStorage, length: int) -> None:
     storage._len = length
 
 
+def keep_priority_trees_on_cpu(sampler: PrioritizedSampler) -> None:
+    """Keep a prioritized sampler's sum and min trees on the CPU, whatever device its
+    storage is on: only sampled indices and new priorities then cross to and from a GPU.
+
+    TorchRL 0.14.1 moves the trees to a storage's GPU when it first sees the storage, which
+    needs CUDA segment trees (PyPI's wheel has none: "CUDA prioritized replay buffers
+    require a TorchRL CUDA wheel") and draws their samples from the sampler's generator
+    there, where rl_app's seeded generator, saved with every checkpoint, is a CPU one. A
+    device set beforehand wins; ``PrioritizedSliceSampler`` takes no ``device=``, so it is
+    set through the private ``_device``. Test:
+    ``test_priority_trees_stay_on_the_cpu_beside_a_storage_on_a_gpu_stand_in``."""
+    sampler._device = torch.device("cpu")
+
+
 # A prioritized sampler's state_dict holds its segment trees as C++ extension objects.
 SEGMENT_TREES = ("_sum_tree", "_min_tree")
 
