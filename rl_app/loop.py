@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,10 +183,13 @@ def run_iterations(
                 set_learning_rate(algorithm.optimizer, annealed_lr(config, progress.frames))
             if progress.frames >= config.collector.init_random_frames:
                 with phases("sampling"):
-                    samples = buffer.sample_batches(config.optim.batch_size, updates)
-                for sample in samples:
+                    drawn = sampled_batches(buffer, config, updates)
+                samples = []
+                for _ in range(updates):
+                    with phases("sampling"):  # with replay.prefetch, the wait for it
+                        samples.append(next(drawn))
                     with phases("updating"):
-                        update_metrics.append(algorithm.update(sample))
+                        update_metrics.append(algorithm.update(samples[-1]))
                 with phases("writing back"):
                     replay_metrics = buffer.write_back(samples)
                 progress.updates += updates
@@ -294,6 +298,31 @@ def pay_owed_evaluation(run: Run, stop: StopRequest, on_eval: EvalHook | None) -
     metrics, run.progress.owed_eval = run.progress.owed_eval, None
     log.info("the evaluation owed at %d frames runs first", run.progress.frames)
     return end_iteration(run, metrics, True, stop, on_eval)
+
+
+def sampled_batches(
+    buffer: RunReplayBuffer | ServiceReplay, config: Config, count: int
+) -> Iterator[TensorDictBase]:
+    """An iteration's ``count`` batches: drawn in one sampler call or, with
+    ``replay.prefetch``, one call per batch in a background thread, each batch drawn while
+    the update before it runs. Either way every draw sees the priorities as they stood
+    before the iteration's first update (they are written back after the last)."""
+    batch_size = config.optim.batch_size
+    if not config.replay.prefetch:
+        return iter(buffer.sample_batches(batch_size, count))
+    return batches_ahead(buffer, batch_size, count)
+
+
+def batches_ahead(
+    buffer: RunReplayBuffer | ServiceReplay, batch_size: int, count: int
+) -> Iterator[TensorDictBase]:
+    with ThreadPoolExecutor(1, thread_name_prefix="rl_app-sampling") as sampling:
+        drawn = sampling.submit(buffer.sample_batches, batch_size, 1)
+        for left in reversed(range(count)):
+            (batch,) = drawn.result()
+            if left:
+                drawn = sampling.submit(buffer.sample_batches, batch_size, 1)
+            yield batch
 
 
 def stopped_by(run: Run, stop: StopRequest) -> str | None:

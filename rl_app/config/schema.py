@@ -229,6 +229,12 @@ class ReplayConfig:
     )
     alpha: float = setting(0.6, "priority exponent (prioritized samplers)", at_least=0)
     beta: float = setting(0.4, "importance-weight exponent (prioritized samplers)", at_least=0)
+    prefetch: bool = setting(
+        False,
+        "sample each update's batch in a background thread while the update before it runs "
+        "(one sampler call per batch instead of one per iteration, the same draws)",
+        on_resume=True,
+    )
     device: str = setting(
         "cpu",
         "where replay data are stored: cpu (memory-mapped files in the run directory) | cuda | "

@@ -68,8 +68,8 @@ class RunReplayBuffer(TensorDictReplayBuffer):
         sample reshapes into one slice per row."""
         if self.nstep is not None:  # batch_size transitions, a slice each
             slices = self.dealt_out(self.sample(count * batch_size * self.slice_len), count)
-            return list(self.nstep(slices).to(self.device).reshape(count, -1).unbind(0))
-        sample = self.dealt_out(self.sample(count * batch_size), count).to(self.device)
+            return list(to_learner(self.nstep(slices), self.device).reshape(count, -1).unbind(0))
+        sample = to_learner(self.dealt_out(self.sample(count * batch_size), count), self.device)
         if self.slice_len is not None:
             return list(sample.reshape(count, -1, self.slice_len).unbind(0))
         return list(sample.reshape(count, -1).unbind(0))
@@ -85,6 +85,14 @@ class RunReplayBuffer(TensorDictReplayBuffer):
         sampled = torch.cat(samples)
         write_priorities(self, sampled)
         return {} if self.refresh is None else self.refresh(self, sampled)
+
+
+def to_learner(sample: TensorDictBase, device: torch.device | str) -> TensorDictBase:
+    """``sample`` on the learner's ``device``; from the host to a GPU through pinned memory,
+    without waiting for the copy (the update's kernels come after it on the stream)."""
+    if torch.device(device).type == "cuda" and sample.device != torch.device(device):
+        return sample.pin_memory().to(device, non_blocking=True)
+    return sample.to(device)
 
 
 def slice_priorities(

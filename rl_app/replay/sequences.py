@@ -11,7 +11,7 @@ from tensordict import TensorDictBase
 from torchrl.data.replay_buffers import Sequence
 
 from rl_app.config import ReplayConfig
-from rl_app.replay.buffer import RunReplayBuffer
+from rl_app.replay.buffer import RunReplayBuffer, to_learner
 from rl_app.replay.keys import LOSS_MASK_KEY
 
 
@@ -27,7 +27,8 @@ class SequenceReplayBuffer(RunReplayBuffer):
     def sample_batches(self, batch_size: int, count: int) -> list[TensorDictBase]:
         anchors = count * batch_size // self.slice_len
         windows = sequence_windows(self.sample(anchors).reshape(anchors, -1))
-        return list(windows.to(self.device).reshape(count, -1, windows.shape[1]).unbind(0))
+        on_learner = to_learner(windows, self.device)
+        return list(on_learner.reshape(count, -1, windows.shape[1]).unbind(0))
 
 
 def sequence_windows(windows: TensorDictBase) -> TensorDictBase:

@@ -29,7 +29,7 @@ from torchrl.data import TensorDictRoundRobinWriter
 
 from rl_app.config import ReplayConfig
 from rl_app.replay import allocate_storage, make_sampler, shared_buffer_parts
-from rl_app.replay.buffer import RunReplayBuffer
+from rl_app.replay.buffer import RunReplayBuffer, to_learner
 from rl_app.replay.journal import JournaledStorage, ReplayState, StorageDamaged, UndoJournal
 from rl_app.replay.keys import LOSS_MASK_KEY, PRIORITY_KEY, TRAJECTORY_KEY
 
@@ -160,7 +160,7 @@ class ServiceReplay:
         """:meth:`RunReplayBuffer.sample_batches`, drawn in the service and moved here."""
         with naming_the_service():
             batches = self.client.sample_batches(batch_size, count)
-        return [batch.to(self.device) for batch in batches]
+        return [to_learner(batch, self.device) for batch in batches]
 
     def write_back(self, samples: list[TensorDictBase]) -> dict[str, float]:
         """Send the service the priorities the updates computed for ``samples`` (with what
