@@ -4,7 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed-requirements
 
-.PHONY: venv ffmpeg train sweep test test-all test-fast slurm-or-skip bench bench-replay-service results play compare lint slurm-up slurm-down clean
+.PHONY: help venv ffmpeg train sweep test test-all test-fast slurm-or-skip bench bench-replay-service results play compare lint slurm-up slurm-down clean
+
+help: ## Every target, one line each
+	@awk -F ':.*## ' '/^[a-z-]+:.*## / {printf "  make %-22s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 venv: $(INSTALLED)
 
@@ -32,7 +35,7 @@ TEST_JOBS ?= 2
 FAST_JOBS ?= auto
 PYTEST := $(PY) -m pytest -rs --durations=15 --dist loadgroup
 
-test: venv ffmpeg slurm-or-skip ## The suite, learning checks included (about 22 min on 2 cores: docs/testing.md)
+test: venv ffmpeg slurm-or-skip ## The suite, learning checks included (its time on 2 cores: docs/testing.md)
 	$(PYTEST) -n $(TEST_JOBS) $(PYTEST_ARGS)
 
 test-all: venv ffmpeg slurm-or-skip ## The suite plus the full-length learning checks (before releasing results)
@@ -46,7 +49,7 @@ slurm-or-skip:
 	@$(MAKE) --no-print-directory slurm-up || \
 		echo "local SLURM cluster not started (reason above): slurm tests skip (fail when CI is set)"
 
-bench: venv ## Speed, side by side with Stable-Baselines3 (~40 min), written to the run directory
+bench: venv ## Speed, side by side with Stable-Baselines3 (docs/speed.md), written to the run directory
 	$(PY) -m tools.bench $(ARGS)
 
 bench-replay-service: venv ## The replay buffer in-process vs the Ray replay service: frames/s, batches/s, ratios
@@ -67,9 +70,9 @@ slurm-up: ## Start the local one-node SLURM cluster (root; installs its Debian p
 slurm-down: ## Stop the local SLURM cluster: its jobs, then the daemons slurm-up started
 	bash slurm/local-cluster/down.sh
 
-lint: venv
+lint: venv ## ruff: lint and format check
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check .
 
-clean:
+clean: ## Delete runs/ and pytest's cache
 	rm -rf runs .pytest_cache

@@ -27,7 +27,7 @@ from rl_app.config import (
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description="Train SAC/DQN with TorchRL. Settings are overridden with key=value.",
+        description="Train SAC, TD3 or DQN with TorchRL. Settings are overridden with key=value.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="presets (what each holds at full size):\n"
         + describe_presets()

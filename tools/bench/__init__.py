@@ -2,7 +2,7 @@
 
 Sections (``--only update,training,...`` picks some), measured one after the other, each in
 a module of its own (:mod:`tools.bench.machine`, ``.update``, ``.training``,
-``.checkpoint``, ``.pixels``, ``.collection``, ``.replay_service``, ``.prefetch``,
+``.checkpoint``, ``.pixels``, ``.collection``, ``.replay_service``, ``.overlap``,
 ``.sb3``, ``.gpu``;
 what several share is in :mod:`tools.bench.shared`, the command in :mod:`tools.bench.__main__`):
 - machine: platform, cores, versions, and the measured float32 matmul rate of one thread;
@@ -31,9 +31,10 @@ what several share is in :mod:`tools.bench.shared`, the command in :mod:`tools.b
 - replay_service: the replay buffer in the learner's process next to the Ray replay service
   (``replay.service=ray``), both fed by two asynchronous Ray collector actors: frames/s
   collected into it, batches/s the learner samples from it, and their ratios;
-- prefetch: ``replay.prefetch`` off and on, interleaved, for ``default`` and
-  ``dqn_atari100k`` in short runs: frames/s over the loop, the time spent waiting for
-  batches and updating, and each run's last metrics row (what it learned);
+- overlap: ``replay.prefetch`` and async collection in one worker process, alone and
+  together, against neither, interleaved, for ``default`` and ``dqn_atari100k`` in short
+  runs: frames/s over the loop, the time spent collecting, waiting for batches and
+  updating, and each run's last metrics row (what it learned);
 - sb3: the same SAC workload as Stable-Baselines3 (``SB3_WORKLOAD``; ours with async
   collection and the compiled loss), run interleaved
   (ours, SB3, ours, SB3), each final agent scored on the same 10 fixed reset seeds; medians

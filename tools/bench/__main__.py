@@ -16,8 +16,8 @@ from tools.bench.checkpoint import bench_checkpoint, print_checkpoint
 from tools.bench.collection import bench_collection, print_collection
 from tools.bench.gpu import bench_gpu, print_gpu
 from tools.bench.machine import machine_description, print_machine
+from tools.bench.overlap import bench_overlap, print_overlap
 from tools.bench.pixels import PIXELS_PRESET, PIXELS_SETTINGS, bench_pixels, print_pixels
-from tools.bench.prefetch import bench_prefetch, print_prefetch
 from tools.bench.replay_service import bench_replay_service, print_replay_service
 from tools.bench.sb3 import bench_against_sb3, print_sb3
 from tools.bench.shared import BENCH_CAPACITY, BENCH_FRAMES
@@ -25,7 +25,7 @@ from tools.bench.training import bench_training, print_training
 from tools.bench.update import bench_update, print_update
 
 SECTIONS = (
-    "update", "training", "checkpoint", "pixels", "collection", "replay_service", "prefetch",
+    "update", "training", "checkpoint", "pixels", "collection", "replay_service", "overlap",
     "sb3", "gpu",
 )  # fmt: skip
 
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
         ),
         "collection": lambda: bench_collection(base, run_dir / "collection"),
         "replay_service": lambda: bench_replay_service(base, run_dir / "replay-service"),
-        "prefetch": lambda: bench_prefetch(run_dir / "prefetch"),
+        "overlap": lambda: bench_overlap(run_dir / "overlap"),
         "sb3": lambda: bench_against_sb3(
             [item for item in base if not item.startswith("replay.capacity=")], run_dir / "sb3"
         ),
@@ -89,7 +89,7 @@ def main(argv: list[str]) -> int:
     printers = {"update": print_update, "training": print_training,
                 "checkpoint": print_checkpoint, "pixels": print_pixels,
                 "collection": print_collection, "replay_service": print_replay_service,
-                "prefetch": print_prefetch, "sb3": print_sb3, "gpu": print_gpu}  # fmt: skip
+                "overlap": print_overlap, "sb3": print_sb3, "gpu": print_gpu}  # fmt: skip
     for section in SECTIONS:
         if section in sections:
             report[section] = measure[section]()
