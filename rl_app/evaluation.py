@@ -74,7 +74,7 @@ def play_episodes(
     # not each, to learn their specs.
     env = SerialEnv(
         episodes,
-        functools.partial(episode_env, config, seed),
+        functools.partial(episode_env, config, seed, abandon_point=abandon_point),
         create_env_kwargs=[{"index": k, "start": start} for k, start in enumerate(starts)],
     )
     playing = torch.ones(episodes, 1, dtype=torch.bool)
@@ -138,11 +138,14 @@ def episode_env(
     index: int,
     start: dict[str, Any],
     render_mode: str | None = None,
+    abandon_point: Callable[[], None] = no_stop,
 ) -> EnvBase:
     """An env whose next episode is evaluation episode ``index``, starting from ``start``
     (:func:`episode_starts`). It is seeded ``seed + index``: an Atari emulator, which draws
     its sticky actions from its own generator at every step, then plays each episode with
-    a generator of its own."""
+    a generator of its own. ``abandon_point`` is called first (a batch of 100 Atari envs
+    takes seconds to build)."""
+    abandon_point()
     env = make_env(
         dataclasses.replace(config.env, num_envs=1),
         seed + index,

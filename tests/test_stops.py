@@ -53,7 +53,7 @@ VIDEO = ("eval.video=true", "logger.backend=csv")
 # ``except Exception`` turned what the signal raised into TypeError('unsupported callable').
 SIGNAL_POINTS: dict[str, tuple[Any, str, str, tuple[str, ...]]] = {
     "policy construction": (inspect, "_signature_from_callable", "evaluate", ()),
-    "env construction": (PendulumEnv, "__init__", "evaluate", ()),
+    "env construction": (PendulumEnv, "__init__", "episode_env", ()),
     "env step": (PendulumEnv, "step", "play_episodes", ()),
     "video frame": (PendulumEnv, "render", "record_evaluation_video", VIDEO),
     "checkpoint save": (torch, "save", "save_checkpoint", ()),
