@@ -18,9 +18,12 @@ $(INSTALLED): requirements.txt
 	cp requirements.txt $(INSTALLED)
 
 # torchcodec (TorchRL's MP4 writer) loads FFmpeg's shared libraries, a system package.
-ffmpeg: ## FFmpeg's libraries for MP4 videos (installs Debian's ffmpeg when missing; root)
-	@ldconfig -p | grep -q libavcodec || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg)
+ffmpeg: ## FFmpeg's libraries for MP4 videos (Debian's ffmpeg when missing, as root; else MP4 tests skip)
+	@ldconfig -p 2>/dev/null | grep -q libavcodec || \
+		{ [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; } || \
+		echo "FFmpeg's libraries are missing and installing them needs root (sudo make ffmpeg):" \
+			"the tests that write MP4 videos skip (fail when CI is set)"
 
 train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
 	$(PY) train.py $(ARGS)

@@ -12,6 +12,7 @@ import pytest
 
 from rl_app.checks import load_config
 from rl_app.config import Config
+from rl_app.rendering import mp4_problem
 from rl_app.upstream.pytest import send_to_group
 from tests.helpers import TINY_RUN, UP_SCRIPT
 
@@ -77,6 +78,17 @@ def tmpfs() -> Iterator[Callable[[Path, str], Path]]:
     yield mount
     for path in reversed(mounted):  # lazily: a buffer of the test may still map files there
         subprocess.run(["umount", "--lazy", str(path)], check=False, timeout=60)
+
+
+@pytest.fixture(scope="session")
+def mp4() -> None:
+    """MP4 videos can be written here: skipped with the reason where FFmpeg's libraries are
+    missing (``make ffmpeg`` installs them, as root), failed instead when CI is set."""
+    problem = mp4_problem()
+    if problem is not None:
+        if os.environ.get("CI"):
+            pytest.fail(problem)
+        pytest.skip(problem)
 
 
 @pytest.fixture(scope="session")
