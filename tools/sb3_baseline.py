@@ -84,8 +84,16 @@ def sb3_python() -> Path:
     return python
 
 
-def run_sb3_sac(seed: int, total_frames: int, learning_starts: int, timeout_s: float) -> dict:
-    """Train and evaluate SB3 SAC in a subprocess of the SB3 venv; the JSON dict it printed.
+def run_sb3_sac(
+    seed: int,
+    total_frames: int,
+    learning_starts: int,
+    timeout_s: float,
+    env_name: str = ENV_NAME,
+    device: str = "cpu",
+) -> dict:
+    """Train and evaluate SB3 SAC on ``env_name`` (on ``device``) in a subprocess of the SB3
+    venv; the JSON dict it printed.
 
     The venv is created first if needed (outside ``timeout_s``). Raises ``RuntimeError`` if the
     script fails, ``subprocess.TimeoutExpired`` if it runs past ``timeout_s``.
@@ -96,6 +104,7 @@ def run_sb3_sac(seed: int, total_frames: int, learning_starts: int, timeout_s: f
     command = [
         str(python), str(Path(__file__).resolve()), "--seed", str(seed),
         "--frames", str(total_frames), "--learning-starts", str(learning_starts),
+        "--env", env_name, "--device", device,
     ]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout_s)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
@@ -106,11 +115,14 @@ def run_sb3_sac(seed: int, total_frames: int, learning_starts: int, timeout_s: f
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Train SB3 SAC on Pendulum-v1 with the bench's workload and print one JSON line."""
+    """Train SB3 SAC with the bench's workload (Pendulum-v1 on the CPU unless told) and
+    print one JSON line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, required=True)
     parser.add_argument("--frames", type=int, required=True)
     parser.add_argument("--learning-starts", type=int, required=True)
+    parser.add_argument("--env", default=ENV_NAME)
+    parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
 
     import stable_baselines3 as sb3
@@ -120,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(1)
     model = SAC(
         "MlpPolicy",
-        ENV_NAME,
+        args.env,
         learning_rate=3e-4,
         buffer_size=1_000_000,
         learning_starts=args.learning_starts,
@@ -132,19 +144,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         policy_kwargs=dict(net_arch=[256, 256]),  # two Q-nets: SB3's default n_critics=2
         ent_coef="auto",
         seed=args.seed,
-        device="cpu",
+        device=args.device,
         verbose=0,
     )
     started = time.perf_counter()
     model.learn(total_timesteps=args.frames)
     wall = time.perf_counter() - started
     returns = evaluate_on_fixed_seeds(
-        lambda obs: model.predict(obs, deterministic=True)[0], ENV_NAME
+        lambda obs: model.predict(obs, deterministic=True)[0], args.env
     )
     result: dict[str, Any] = {
         "impl": "stable-baselines3",
         "version": sb3.__version__,
         "torch": torch.__version__,
+        "env": args.env,
+        "device": args.device,
         "seed": args.seed,
         "frames": args.frames,
         "wall_seconds": wall,

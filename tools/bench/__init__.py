@@ -40,7 +40,8 @@ what several share is in :mod:`tools.bench.shared`, the command in :mod:`tools.b
   (ours, SB3, ours, SB3), each final agent scored on the same 10 fixed reset seeds; medians
   and the wall-time ratio. SB3 runs in its own virtual environment (``.venv-sb3``);
 - gpu (on a machine with CUDA): ``sac_halfcheetah`` at one update per frame, eager,
-  compiled, and compiled with CUDA graphs (also with the replay data on the GPU); and
+  compiled, and compiled with CUDA graphs (also with the replay data on the GPU), beside
+  Stable-Baselines3's SAC with the same settings on the same GPU; and
   ``dqn_atari`` and ``dqn_atari100k`` in a short run each: frames/s, ms per update.
 
 A new benchmark is a module with a ``bench_<name>`` function (measuring, returning what it

@@ -1,5 +1,6 @@
 """On a machine with CUDA: ``sac_halfcheetah`` at one update per frame, eager, compiled and
-with CUDA graphs; the Atari presets in a short run each."""
+with CUDA graphs, beside Stable-Baselines3's SAC with the same settings on the same GPU; the
+Atari presets in a short run each."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from rl_app.checks import load_config
 from rl_app.run import train
 from tools.bench.shared import phase_seconds
+from tools.sb3_baseline import run_sb3_sac
 
 # sac_halfcheetah at one update per frame on a GPU (LeanRL publishes 725 frames/s for its
 # compiled + CUDA-graph SAC on an H100, and 127 for CleanRL's eager one).
@@ -62,6 +64,8 @@ def bench_gpu(run_dir: Path) -> dict[str, Any]:
             "sac_halfcheetah", GPU_FRAMES, GPU_RANDOM_FRAMES, settings,
             run_dir / name.replace(" ", "_"),
         )  # fmt: skip
+    sb3 = run_sb3_sac(0, GPU_FRAMES, GPU_RANDOM_FRAMES, 3600, "HalfCheetah-v5", "cuda")
+    report["stable-baselines3"] = {"frames_per_second": sb3["frames_per_second"]}
     for preset in GPU_ATARI_PRESETS:
         report[preset] = gpu_training(
             preset, GPU_ATARI_FRAMES, GPU_ATARI_RANDOM_FRAMES,
@@ -77,10 +81,13 @@ def print_gpu(gpu: dict[str, Any]) -> None:
         print(f"  not measured: {gpu['not measured']}")
         return
     print(f"  {gpu['gpu']}")
+    sb3 = gpu["stable-baselines3"]["frames_per_second"]
     for name in GPU_VARIANTS:
         rates = gpu[name]
-        print(f"  {name:<42} {rates['frames_per_second']:7.1f} frames/s end to end, "
-              f"{rates['update_steps_per_second']:7.1f} update steps/s")  # fmt: skip
+        print(f"  {name:<42} {rates['frames_per_second']:7.1f} frames/s end to end "
+              f"({rates['frames_per_second'] / sb3:.2f}x SB3), "
+              f"{rates['ms_per_update_step']:6.2f} ms per update")  # fmt: skip
+    print(f"  {'Stable-Baselines3 SAC, same settings':<42} {sb3:7.1f} frames/s end to end")
     print(f"  Atari presets, {GPU_ATARI_FRAMES} frames each (learning from frame "
           f"{GPU_ATARI_RANDOM_FRAMES}, {GPU_ATARI_CAPACITY:,}-transition buffer):")  # fmt: skip
     for preset in GPU_ATARI_PRESETS:
