@@ -19,11 +19,11 @@ $(INSTALLED): requirements.txt
 
 # torchcodec (TorchRL's MP4 writer) loads FFmpeg's shared libraries, a system package.
 ffmpeg: ## FFmpeg's libraries for MP4 videos (Debian's ffmpeg when missing, as root; else MP4 tests skip)
-	@ldconfig -p 2>/dev/null | grep -q libavcodec || \
-		{ [ "$$(id -u)" = 0 ] && apt-get update -qq && \
-			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; } || \
-		echo "FFmpeg's libraries are missing and installing them needs root (sudo make ffmpeg):" \
-			"the tests that write MP4 videos skip (fail when CI is set)"
+	@/sbin/ldconfig -p | grep -q libavcodec || \
+		if [ "$$(id -u)" = 0 ]; then apt-get update -qq && \
+			DEBIAN_FRONTEND=noninteractive apt-get install -y -qq ffmpeg; \
+		else echo "FFmpeg's libraries are missing and installing them needs root" \
+			"(sudo make ffmpeg): the tests that write MP4 videos skip (fail when CI is set)"; fi
 
 train: venv ## Train SAC on Pendulum-v1 with configs/default.yaml; ARGS="key=value ..." overrides
 	$(PY) train.py $(ARGS)

@@ -99,9 +99,9 @@ class StopRequest:
         """Work that a stop drops at its next :meth:`abandon_point` (raising
         :class:`Abandoned`), since it can be redone after a resume; dropped at once if the
         stop was asked for before it began (unless :meth:`allowing` it)."""
-        if self.requested and not self._allowing:
-            raise Abandoned
         self._abandon = False  # only a stop that comes from now on drops it
+        if self.requested and not self._allowing:  # (one that came before: at once)
+            raise Abandoned
         yield
 
     def abandon_point(self) -> None:

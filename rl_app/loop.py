@@ -16,9 +16,9 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,14 +182,13 @@ def run_iterations(
             if config.optim.anneal_lr:
                 set_learning_rate(algorithm.optimizer, annealed_lr(config, progress.frames))
             if progress.frames >= config.collector.init_random_frames:
-                with phases("sampling"):
-                    drawn = sampled_batches(buffer, config, updates)
                 samples = []
-                for _ in range(updates):
-                    with phases("sampling"):  # with replay.prefetch, the wait for it
-                        samples.append(next(drawn))
-                    with phases("updating"):
-                        update_metrics.append(algorithm.update(samples[-1]))
+                with closing(sampled_batches(buffer, config, updates)) as drawn:
+                    for _ in range(updates):
+                        with phases("sampling"):  # with replay.prefetch, the wait for it
+                            samples.append(next(drawn))
+                        with phases("updating"):
+                            update_metrics.append(algorithm.update(samples[-1]))
                 with phases("writing back"):
                     replay_metrics = buffer.write_back(samples)
                 progress.updates += updates
@@ -302,20 +301,16 @@ def pay_owed_evaluation(run: Run, stop: StopRequest, on_eval: EvalHook | None) -
 
 def sampled_batches(
     buffer: RunReplayBuffer | ServiceReplay, config: Config, count: int
-) -> Iterator[TensorDictBase]:
-    """An iteration's ``count`` batches: drawn in one sampler call or, with
-    ``replay.prefetch``, one call per batch in a background thread, each batch drawn while
-    the update before it runs. Either way every draw sees the priorities as they stood
-    before the iteration's first update (they are written back after the last)."""
+) -> Generator[TensorDictBase, None, None]:
+    """An iteration's ``count`` batches, drawn at the first ``next`` in one sampler call or,
+    with ``replay.prefetch``, one call per batch in a background thread, each batch drawn
+    while the update before it runs. Either way every draw sees the priorities as they stood
+    before the iteration's first update (they are written back after the last). Closing it
+    waits for a draw in flight."""
     batch_size = config.optim.batch_size
     if not config.replay.prefetch:
-        return iter(buffer.sample_batches(batch_size, count))
-    return batches_ahead(buffer, batch_size, count)
-
-
-def batches_ahead(
-    buffer: RunReplayBuffer | ServiceReplay, batch_size: int, count: int
-) -> Iterator[TensorDictBase]:
+        yield from buffer.sample_batches(batch_size, count)
+        return
     with ThreadPoolExecutor(1, thread_name_prefix="rl_app-sampling") as sampling:
         drawn = sampling.submit(buffer.sample_batches, batch_size, 1)
         for left in reversed(range(count)):

@@ -24,6 +24,7 @@ from rl_app.checkpointing import (
     POLICY_COMPONENT,
     CorruptCheckpoint,
     RunCheckpoints,
+    checkpoint_frames,
     choose_checkpoint,
 )
 from rl_app.collection import (
@@ -265,14 +266,20 @@ def find_resume_point(run_dir: Path) -> Path:
 def describe_failure(run: Run, error: Exception) -> str:
     """One paragraph for the user; the traceback goes to ``error.log`` in the run directory."""
     (run.run_dir / ERROR_LOG).write_text(traceback.format_exc())
-    owed = run.progress.owed_eval is not None  # an evaluation's fault: training was saved
+    latest = run.checkpoints.latest()
+    # An evaluation's fault: the training was saved at these frames, the evaluation owed.
+    owed = (
+        run.progress.owed_eval is not None
+        and latest is not None
+        and checkpoint_frames(latest) == run.progress.frames
+    )
     # The iteration's counter goes up once its batch is collected.
     iteration = run.progress.iterations + (run.phases.current in ("starting", "collecting"))
     return (
         f"training stopped while {run.phases.current} at iteration {iteration} "
         f"({run.progress.frames} frames): "
         f"{type(error).__name__}: {error}\n"
-        f"last good checkpoint: {run.checkpoints.latest()}"
+        f"last good checkpoint: {latest}"
         f"{' (the evaluation runs first when it resumes)' if owed else ''}; "
         f"traceback in {run.run_dir / ERROR_LOG}"
     )

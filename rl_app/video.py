@@ -74,6 +74,7 @@ def record_evaluation_video(
                 callback=lambda *_: abandon_point(),
                 break_when_any_done=True,
             )
+        abandon_point()  # before the encoding, seconds for a long episode
         recorder.dump(step=step)
     finally:
         env.close()

@@ -5,12 +5,17 @@ float rounding), on a real run."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
+import pytest
 import torch
 
+from rl_app.checks import load_config
+from rl_app.config import ConfigError
 from rl_app.loop import run_iterations, updates_per_iteration
 from rl_app.run import build_run
-from tests.helpers import train_in_process
+from rl_app.upstream.torchrl import replay_generator
+from tests.helpers import TINY_RUN, train_in_process
 
 
 def test_each_batch_is_drawn_in_the_background_while_the_update_before_it_runs(
@@ -55,3 +60,38 @@ def test_prefetching_learns_what_drawing_at_once_learns(tiny_config, tmp_path) -
         torch.testing.assert_close(ahead[0][key], value, msg=key)
     torch.testing.assert_close(ahead[1]["observation"], at_once[1]["observation"])
     assert [row["frames"] for row in ahead[2]] == [row["frames"] for row in at_once[2]]
+
+
+@pytest.mark.parametrize(
+    ("sampler", "same"),
+    [("prioritized_slice", True), ("prioritized", True), ("uniform", True), ("slice", False)],
+)
+def test_one_draw_per_batch_draws_what_one_draw_per_iteration_does_but_slices(
+    sampler: str, same: bool, tiny_config
+) -> None:
+    """From the same buffer and generator: three batches drawn one call each are the three
+    drawn in one call, but for TorchRL's slice sampler (starts, then offsets, each call).
+    Neither touches torch's global generator, which the update draws from."""
+    run = build_run(tiny_config(f"replay.sampler={sampler}", "collector.total_frames=400"))
+    try:
+        run_iterations(run)
+        generator = replay_generator(run.buffer)
+        drawn_from, global_state = generator.get_state(), torch.get_rng_state()
+        at_once = run.buffer.sample_batches(64, 3)
+        generator.set_state(drawn_from)
+        one_by_one = [run.buffer.sample_batches(64, 1)[0] for _ in range(3)]
+        assert torch.equal(torch.get_rng_state(), global_state)
+    finally:
+        run.close()
+    indices = [(a["index"], b["index"]) for a, b in zip(at_once, one_by_one, strict=True)]
+    assert all(torch.equal(a, b) for a, b in indices) == same
+
+
+def test_prefetching_with_hindsight_relabelling_is_refused_before_anything_starts(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(
+        ConfigError, match=r"replay\.prefetch=true is not accepted with replay\.her"
+    ):
+        load_config("dqn_bitflip", [*TINY_RUN, "replay.prefetch=true", f"run_dir={tmp_path}"])
+    assert list(tmp_path.iterdir()) == []

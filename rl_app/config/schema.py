@@ -232,7 +232,8 @@ class ReplayConfig:
     prefetch: bool = setting(
         False,
         "sample each update's batch in a background thread while the update before it runs "
-        "(one sampler call per batch instead of one per iteration, the same draws)",
+        "(one sampler call per batch instead of one per iteration: the same draws, but other "
+        "ones, as random, with replay.sampler=slice; not with replay.her_ratio)",
         on_resume=True,
     )
     device: str = setting(

@@ -90,7 +90,8 @@ class RunReplayBuffer(TensorDictReplayBuffer):
 def to_learner(sample: TensorDictBase, device: torch.device | str) -> TensorDictBase:
     """``sample`` on the learner's ``device``; from the host to a GPU through pinned memory,
     without waiting for the copy (the update's kernels come after it on the stream)."""
-    if torch.device(device).type == "cuda" and sample.device != torch.device(device):
+    on_host = sample.device is not None and sample.device.type == "cpu"
+    if torch.device(device).type == "cuda" and on_host:
         return sample.pin_memory().to(device, non_blocking=True)
     return sample.to(device)
 

@@ -118,6 +118,13 @@ def check_hindsight(config: Config) -> None:
             f"{config.collector.mode!r}, env.num_envs={config.env.num_envs}): episodes are "
             "found by their done flags alone, so interleaved envs would join into false episodes"
         )
+    if replay.prefetch:
+        # TorchRL's relabelling draws from torch's global generator, as the update does.
+        raise ConfigError(
+            f"replay.prefetch=true is not accepted with {her}: relabelling draws its goals "
+            "from torch's global generator, which the update draws from too, so sampling in a "
+            "background thread would make the run unrepeatable (set replay.prefetch=false)"
+        )
 
 
 def check_slices(config: Config, episode_len: int | None) -> None:

@@ -534,9 +534,11 @@ class VectorizedSliceSampler(PrioritizedSliceSampler):
         done = records.get(done_key, None)
         terminated = records.get(terminated_key, None)
         info[self.truncated_key] = truncated
-        info[done_key] = truncated.clone() if done is None else done[index] | truncated
+        # The flags of a storage on a GPU come to the index's device, the trees' (the CPU).
+        on_index = truncated.device
+        info[done_key] = truncated.clone() if done is None else done[index].to(on_index) | truncated
         info[terminated_key] = (
-            torch.zeros_like(truncated) if terminated is None else terminated[index]
+            torch.zeros_like(truncated) if terminated is None else terminated[index].to(on_index)
         )
         return index, info
 
