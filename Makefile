@@ -58,7 +58,8 @@ bench: venv ## Speed, side by side with Stable-Baselines3 (docs/speed.md), writt
 bench-replay-service: venv ## The replay buffer in-process vs the Ray replay service: frames/s, batches/s, ratios
 	$(PY) -m tools.bench --only replay_service $(ARGS)
 
-results: venv ## The shipped presets over 5 seeds: docs/results.json and .png, runs/results/results.md
+# Hours on a CPU. It names the committed files it rewrites before it starts.
+results: venv ## The README table's presets over their seeds; rewrites docs/results.json, docs/results.png, README.md's table
 	$(PY) -m tools.results $(ARGS)
 
 play: venv ## Play a run's best checkpoint: RUN=runs/<run>, ARGS="--video out.mp4 --episodes 3 ..."

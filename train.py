@@ -25,15 +25,15 @@ from rl_app.config import (
 )
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
+    """The command line. ``--help`` is answered by :func:`main` once the arguments are
+    parsed: it shows the values of the preset ``--config`` names, wherever it is given."""
     parser = argparse.ArgumentParser(
         description="Train SAC, TD3 or DQN with TorchRL. Settings are overridden with key=value.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="presets (what each holds at full size):\n"
-        + describe_presets()
-        + "\n\nsettings (key=default  (meaning)):\n"
-        + describe_settings(),
+        add_help=False,
     )
+    parser.add_argument("-h", "--help", action="store_true", help="show this help message and exit")
     parser.add_argument(
         "--config",
         default=DEFAULT_PRESET,
@@ -43,12 +43,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. optim.lr=1e-3")
-    return parser.parse_args(argv)
+    return parser
+
+
+def help_text(parser: argparse.ArgumentParser, preset: str) -> str:
+    """The options, the presets, and every setting with its value in ``preset``: what a run
+    of it uses, unless overridden."""
+    parser.epilog = (
+        "presets (what each holds at full size):\n"
+        + describe_presets()
+        + f"\n\nsettings (key=value in --config {preset}  (meaning)):\n"
+        + describe_settings(preset)
+    )
+    return parser.format_help()
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    parser = argument_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        if args.help:
+            print(help_text(parser, args.config), end="")
+            return 0
         config = load_config(args.config, args.overrides)
         if args.print_config:
             print(to_yaml(config), end="")
@@ -66,9 +82,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def train_here(config: Config) -> int:
     """Train in this process; a fault during training is exit status 1."""
-    from rl_app.launch.cluster import check_collection_jobs
+    if config.collector.mode in ("distributed", "rpc"):  # jobs: ask the cluster first
+        from rl_app.launch.cluster import check_collection_jobs
 
-    check_collection_jobs(config)  # distributed mode submits jobs: ask the cluster first
+        check_collection_jobs(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     from rl_app.loop import RunFailed  # heavy imports only once the config is known good
     from rl_app.run import train

@@ -10,41 +10,42 @@ from __future__ import annotations
 
 import os
 import socket
-from pathlib import Path
 
 import torch
 
 from rl_app import config as loading
-from rl_app.algorithms import ALGORITHMS, RunConfig, check_actions, check_algorithm
-from rl_app.config import DEFAULT_PRESET, Config, ConfigError
+from rl_app.algorithms import (
+    available_algorithms,
+    check_actions,
+    check_algorithm,
+    check_settings,
+    describe_algorithms,
+)
+from rl_app.config import DEFAULT_PRESET, Config, ConfigError, check_declared
 from rl_app.envs import checks as env_checks
-from rl_app.envs.atari import check_atari, observes_frames
-from rl_app.rendering import encoder_problem, render_problem
+from rl_app.envs import observes_frames
 from rl_app.replay import checks as replay_checks
 
 
 def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
     """Merge defaults, a preset and ``key=value`` overrides into a :class:`Config` that
-    every owner accepts (:func:`rl_app.config.load_config`, then :func:`check_config`);
+    every owner accepts (:func:`rl_app.config.resolve_config`, then :func:`check_config`);
     every mistake raises :class:`ConfigError`."""
-    config = loading.load_config(preset, overrides or [], RunConfig)
+    config = loading.resolve_config(preset, overrides or [])
     check_config(config)
     return config
 
 
-def read_run_config(run_dir: Path) -> Config:
-    """The config a run saved in its directory (reads only; it was checked then)."""
-    return loading.read_run_config(run_dir, RunConfig)
-
-
-def describe_settings() -> str:
-    """Every group and key of a run, with default and meaning (``train.py --help``)."""
-    return loading.describe_settings(RunConfig)
+def describe_settings(preset: str) -> str:
+    """Every group and key of a run, with its value in ``preset`` (what a run of it uses
+    unless overridden) and its meaning (``train.py --help``)."""
+    return loading.describe_settings(loading.preset_config(preset), {"algo": describe_algorithms()})
 
 
 def check_config(config: Config) -> None:
     """Raise :class:`ConfigError` naming the first key that does not fit the others, the env
     or this machine."""
+    check_declared("algo", config.algo, {"choices": tuple(available_algorithms())})
     for key, device in (
         ("device", config.device),
         ("collector.device", config.collector.device),
@@ -65,9 +66,11 @@ def check_config(config: Config) -> None:
     check_actions(config, env_checks.check_spaces(config.env))
     replay_checks.check_hindsight(config)
     env_checks.check_goal_env(config)
-    for algorithm in ALGORITHMS.values():  # every config holds every algorithm's group
-        algorithm.check(config)
-    check_atari(config)
+    check_settings(config)
+    if observes_frames(config.env.name):  # a plug-in: imported for such an env only
+        from rl_app.envs.atari import check_atari
+
+        check_atari(config)
     replay_checks.check_life_loss(config)
     replay_checks.check_slices(config, env_checks.max_episode_steps(config.env.name))
     check_video(config)
@@ -281,6 +284,8 @@ def check_video(config: Config) -> None:
             "eval.video=true needs a logger backend to send videos to: "
             "set logger.backend to csv, wandb or tensorboard"
         )
+    from rl_app.rendering import encoder_problem, render_problem
+
     problem = render_problem(config.env.name) or encoder_problem(config.logger.backend)
     if problem is not None:
         raise ConfigError(f"eval.video=true cannot work here: {problem}")

@@ -28,8 +28,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from omegaconf import OmegaConf
 
-from rl_app.algorithms import RunConfig
-from rl_app.config import flatten
+from rl_app.config import RunConfig, flatten
 from rl_app.logger import (
     EVAL_KEY,
     METRICS_FILE,

@@ -35,9 +35,7 @@ from rl_app.envs import SUCCESS_KEY
 from rl_app.evaluation import evaluate
 from rl_app.interrupts import Abandoned, StopRequest
 from rl_app.logger import EVAL_KEY, RunLogger
-from rl_app.replay import RunReplayBuffer
-from rl_app.replay.service import ServiceReplay
-from rl_app.video import record_evaluation_video
+from rl_app.replay import PRIORITY_KEY, RunReplayBuffer
 
 log = logging.getLogger("rl_app")
 
@@ -138,7 +136,8 @@ class Run:
     run_dir: Path
     devices: Devices
     algorithm: Algorithm
-    buffer: RunReplayBuffer | ServiceReplay  # in this process, or a Ray service's
+    # In this process, or a Ray service's with the same calls (rl_app.replay.service).
+    buffer: RunReplayBuffer
     collector: BaseCollector
     weight_sync: WeightSync
     progress: Progress
@@ -189,6 +188,8 @@ def run_iterations(
                             samples.append(next(drawn))
                         with phases("updating"):
                             update_metrics.append(algorithm.update(samples[-1]))
+                        # The TD errors: what the write-back makes new priorities of.
+                        samples[-1][PRIORITY_KEY] = update_metrics[-1].pop(PRIORITY_KEY)
                 with phases("writing back"):
                     replay_metrics = buffer.write_back(samples)
                 progress.updates += updates
@@ -270,6 +271,8 @@ def evaluate_iteration(run: Run, metrics: dict[str, float], stop: StopRequest) -
                 config, algorithm.policy_factory(), algorithm.policy, stop.abandon_point
             )
         if config.eval.video and progress.evaluations % config.eval.video_every == 0:
+            from rl_app.video import record_evaluation_video
+
             with phases("recording a video"), torch.random.fork_rng():
                 record_evaluation_video(
                     config,
@@ -300,7 +303,7 @@ def pay_owed_evaluation(run: Run, stop: StopRequest, on_eval: EvalHook | None) -
 
 
 def sampled_batches(
-    buffer: RunReplayBuffer | ServiceReplay, config: Config, count: int
+    buffer: RunReplayBuffer, config: Config, count: int
 ) -> Generator[TensorDictBase, None, None]:
     """An iteration's ``count`` batches, drawn at the first ``next`` in one sampler call or,
     with ``replay.prefetch``, one call per batch in a background thread, each batch drawn

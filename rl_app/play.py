@@ -31,8 +31,7 @@ from rl_app.checkpointing import (
     load_component,
     recorded_best,
 )
-from rl_app.checks import read_run_config
-from rl_app.config import Config, ConfigError
+from rl_app.config import Config, ConfigError, read_run_config
 from rl_app.envs import make_env
 from rl_app.evaluation import evaluation_env, play_episodes
 from rl_app.rendering import RENDER_MODE, render_problem

@@ -62,7 +62,6 @@ from rl_app.replay.journal import (
     UndoJournal,
     restorable_from,
 )
-from rl_app.replay.service import ServiceReplay, ServiceReplayState
 from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE, JOURNAL_DIR, REPLAY_DIR
 from rl_app.runlock import RunDirUnwritable, run_dir_lock
 from rl_app.upstream.glibc import keep_freed_memory
@@ -122,6 +121,8 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     keys = algorithm.replay_keys()
     transition = stored_transition(spec_env, keys)
     if config.replay.service == "ray":
+        from rl_app.replay.service import ServiceReplay, ServiceReplayState
+
         spec_env.close()
         # The collector's actors write into the service it owns (rl_app.replay.service).
         collector = make_collector(config, algorithm, devices)

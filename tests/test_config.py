@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import shutil
+import subprocess
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 
-from rl_app.algorithms import ALGORITHMS, RunConfig
+from rl_app.algorithms import ALGORITHMS, algorithm_class, available_algorithms
 from rl_app.checks import load_config
-from tests.helpers import run_train
+from rl_app.config import DQNConfig, RunConfig, SACConfig, TD3Config
+from tests.helpers import PYTHON, ROOT, run_train
 
 
 @pytest.mark.parametrize(
@@ -28,6 +32,7 @@ from tests.helpers import run_train
         (["--config", "no_such_preset"], "no_such_preset"),
         (["optim.lr"], "optim.lr"),
         (["algo=dqn"], "use algo=sac"),
+        (["algo=ppo"], "algo='ppo' is not accepted: choose one of sac, dqn, td3"),
         (["dqn.eps_end=1.5"], "dqn.eps_end"),
         (["collector.mode=sync", "collector.workers=3"], "collector.frames_per_batch"),
         (["--config", "dqn_cartpole", "algo=sac"], "use algo=dqn"),
@@ -67,6 +72,21 @@ def test_help_lists_every_group(tmp_path: Path) -> None:
         assert f"\n  {group}:" in result.stdout
     assert "optim.lr=0.0003" in result.stdout
     assert "  dqn_atari: 1,000,000 transitions of 7,118 B: 7.12 GB of replay files" in result.stdout
+    assert "algo=sac  (sac (continuous actions) | dqn (discrete actions) | td3 (continuous " in (
+        result.stdout
+    )
+
+
+def test_help_shows_the_values_of_the_preset_it_is_given(tmp_path: Path) -> None:
+    """What that run would use: dqn_cartpole discounts by 0.995, the schema by 0.99."""
+    assert RunConfig().optim.gamma == 0.99
+    result = run_train(tmp_path, "--help", "--config", "dqn_cartpole")
+    assert result.returncode == 0, result.stderr
+    assert "settings (key=value in --config dqn_cartpole" in result.stdout
+    assert "\n    optim.gamma=0.995  (discount factor)\n" in result.stdout
+    assert "\n    algo=dqn  (" in result.stdout
+    assert "\n    optim.gamma=0.99  (discount factor)\n" in run_train(tmp_path, "-h").stdout
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_print_config_resolves_preset_and_overrides(tmp_path: Path) -> None:
@@ -85,13 +105,63 @@ def test_every_preset_validates() -> None:
         assert load_config(preset.stem).env.name
 
 
-def test_the_run_schema_holds_every_registered_algorithm() -> None:
-    """``algo`` names the registry's algorithms and each brings its own group; a config
-    pickles (worker processes and SLURM jobs receive it so) with every group."""
-    algo = next(item for item in dataclasses.fields(RunConfig) if item.name == "algo")
-    assert algo.metadata["choices"] == tuple(ALGORITHMS)
-    groups = {item.name for item in dataclasses.fields(RunConfig)}
-    assert {name for name, kind in ALGORITHMS.items() if kind.settings} <= groups
+def test_the_algorithm_groups_are_declared_fields_of_the_schema() -> None:
+    """A type checker sees ``config.sac.tau``: each group is a field of ``RunConfig`` with
+    its class, and each registered algorithm reads the group named as it is."""
+    fields = {item.name: item for item in dataclasses.fields(RunConfig)}
+    groups = {"sac": SACConfig, "dqn": DQNConfig, "td3": TD3Config}
+    hints = typing.get_type_hints(RunConfig)
+    for name, group in groups.items():
+        assert fields[name].default_factory is group
+        assert hints[name] is group
+    assert set(ALGORITHMS) == set(groups)
+    for name in available_algorithms():
+        assert algorithm_class(name).settings is groups[name]
+
+
+def test_a_config_pickles_with_every_group() -> None:
+    """Worker processes and SLURM jobs receive the config pickled."""
     config = load_config("dqn_cartpole", ["dqn.eps_end=0.1", "sac.tau=0.01"])
     assert pickle.loads(pickle.dumps(config)) == config
-    assert isinstance(config.dqn, ALGORITHMS["dqn"].settings)
+    assert config.dqn.eps_end == 0.1 and config.sac.tau == 0.01
+    assert isinstance(config.dqn, DQNConfig)
+
+
+def test_a_dqn_run_imports_no_other_algorithm(tmp_path: Path) -> None:
+    program = f"""
+import sys
+from rl_app.algorithms import make_policy
+from rl_app.checks import load_config
+from rl_app.envs import make_env
+
+config = load_config("dqn_cartpole", ["run_dir={tmp_path / "run"}"])
+make_policy(config, make_env(config.env, config.seed))
+print(sorted(m for m in sys.modules if m.startswith("rl_app.algorithms.")))
+"""
+    result = subprocess.run(
+        [PYTHON, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[-2] == "['rl_app.algorithms.base', 'rl_app.algorithms.dqn']"
+
+
+def test_a_missing_algorithm_module_only_leaves_the_choices(tmp_path: Path) -> None:
+    """A checkout without ``rl_app/algorithms/dqn.py``: ``algo=dqn`` is refused as any
+    unknown value, and ``--help`` offers the others."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    for folder in ("rl_app", "configs"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=ignore)
+    shutil.copy(ROOT / "train.py", tmp_path)
+    (tmp_path / "rl_app" / "algorithms" / "dqn.py").unlink()
+
+    def train(*args: str) -> subprocess.CompletedProcess:
+        command = [PYTHON, str(tmp_path / "train.py"), *args]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    refused = train("--config", "dqn_cartpole", "--print-config")
+    assert refused.returncode == 2
+    assert refused.stderr == "error: algo='dqn' is not accepted: choose one of sac, td3\n"
+    shown = train("--help", "--config", "td3_pendulum")
+    assert shown.returncode == 0, shown.stderr
+    assert "algo=td3  (sac (continuous actions) | td3 (continuous actions))" in shown.stdout
+    assert "\n    dqn.eps_end=0.05  (" in shown.stdout  # the settings group stays a group

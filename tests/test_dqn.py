@@ -11,8 +11,8 @@ from tensordict import TensorDict
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
 from rl_app.algorithms import make_algorithm
-from rl_app.algorithms.dqn import DQNConfig
 from rl_app.checks import load_config
+from rl_app.config import DQNConfig
 from rl_app.envs import make_env
 from rl_app.logger import read_metrics
 from rl_app.run import build_run, train

@@ -18,8 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import train
-from rl_app.algorithms import RunConfig
-from rl_app.config import settings_of
+from rl_app.config import RunConfig, settings_of
 
 KEYS = [key for key, _, _ in settings_of(RunConfig)]
 GROUPS = sorted({key.split(".")[0] for key in KEYS if "." in key})

@@ -4,16 +4,19 @@ scale-out, and the tools apart from the trainer."""
 from __future__ import annotations
 
 import ast
+import re
+import shutil
 import subprocess
 from pathlib import Path
 
-from tests.helpers import PYTHON, ROOT
+from tests.helpers import PYTHON, ROOT, TINY_RUN
 
 PACKAGE = ROOT / "rl_app"
 # Scale-out: worker processes, collection jobs, Ray actors and the SLURM launcher.
 SCALE = (
     "rl_app.collection.workers", "rl_app.collection.distributed", "rl_app.collection.ray",
     "rl_app.collection.rpc", "rl_app.launch", "rl_app.upstream.ray",
+    "rl_app.upstream.torchrl_workers", "rl_app.upstream.torchrl_collectors",
 )  # fmt: skip
 # The places the core hands work to scale-out code, importing it only when asked to: a
 # collection mode to its backend, and a sweep with ``launcher: slurm`` to the SLURM launcher.
@@ -51,10 +54,35 @@ def imports_of(path: Path, known: set[str]) -> list[tuple[str, str | None]]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+def plugin_files() -> list[str]:
+    """The files of every optional feature, as the README's "Forking it" lists them."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("| feature | its files | chosen by |") :].split("\n\n")[0]
+    rows = table.splitlines()[2:]
+    return [path for row in rows for path in re.findall(r"`([^`]+)`", row.split("|")[2])]
+
+
+def plugin_modules() -> set[str]:
     modules = package_modules()
+    files = [ROOT / path for path in plugin_files()]
     return {
-        name: {target for target, _ in imports_of(path, set(modules))} - {name}
+        name
+        for name, path in modules.items()
+        if any(path == file or file in path.parents for file in files)
+    }
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Who imports whom; the core's imports of a plug-in inside a function (run where a
+    setting chooses it, after every module-level import) are not arrows of the graph."""
+    modules, plugins = package_modules(), plugin_modules()
+    return {
+        name: {
+            target
+            for target, function in imports_of(path, set(modules))
+            if not (function and target in plugins and name not in plugins)
+        }
+        - {name}
         for name, path in modules.items()
     }
 
@@ -85,6 +113,38 @@ def test_the_package_has_no_import_cycle() -> None:
 
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_the_core_imports_a_plugin_only_inside_the_function_that_chooses_it() -> None:
+    modules, plugins = package_modules(), plugin_modules()
+    assert len(plugins) >= len(plugin_files())  # every file the README names exists
+    for name, path in modules.items():
+        if name in plugins:
+            continue
+        for target, function in imports_of(path, set(modules)):
+            assert function or target not in plugins, f"{name} imports {target} at its top"
+
+
+def test_deleting_every_plugin_leaves_a_core_that_trains_the_default_preset(
+    tmp_path: Path,
+) -> None:
+    for part in ("rl_app", "configs"):
+        shutil.copytree(ROOT / part, tmp_path / part, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "train.py", tmp_path)
+    for path in plugin_files():
+        shutil.rmtree(tmp_path / path) if (tmp_path / path).is_dir() else (tmp_path / path).unlink()
+    tiny = [arg for arg in TINY_RUN if not arg.startswith("eval.")]
+    run_dir = f"run_dir={tmp_path / 'run'}"
+
+    def train(*args: str) -> subprocess.CompletedProcess:  # the copy's own train.py
+        command = [PYTHON, str(tmp_path / "train.py"), *args]
+        return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    trained = train(*tiny, "eval.interval_frames=1200", "eval.episodes=1", run_dir)
+    assert trained.returncode == 0, trained.stderr
+    assert "best eval return" in trained.stdout
+    helped = train("--help")
+    assert "algo=sac  (sac (continuous actions))" in helped.stdout, helped.stderr
 
 
 def test_the_core_imports_no_scale_out_module_but_through_its_doors() -> None:

@@ -19,7 +19,7 @@ from rl_app.config import Config, ConfigError
 from rl_app.envs import FRAME_KEY, PIXELS_KEY, make_env
 from rl_app.evaluation import evaluate
 from rl_app.logger import EVAL_KEY
-from rl_app.replay.frames import NEXT_FRAME_KEY
+from rl_app.replay.keys import NEXT_FRAME_KEY
 from rl_app.run import train
 
 BALL_TRACKING = "rl_app.envs.pixels:rl_app/BallTracking-v0"

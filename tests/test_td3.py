@@ -67,8 +67,8 @@ def test_the_actor_and_the_targets_follow_every_policy_delay_th_critic_update() 
         for name, params in watched.items():
             changed[name].append(not (params.detach() == before[name]).all())
         reported.append(metrics["loss_actor"].item())
-        assert sample[PRIORITY_KEY].shape == (64,)
-        assert (sample[PRIORITY_KEY] >= 0).all()
+        assert metrics[PRIORITY_KEY].shape == (64,)  # the TD errors the loop writes back
+        assert (metrics[PRIORITY_KEY] >= 0).all()
     assert changed["critics"] == [True] * 7
     delayed = [True, False, False, True, False, False, True]  # updates 1, 4 and 7
     assert changed["actor"] == changed["target critics"] == changed["target actor"] == delayed

@@ -67,7 +67,6 @@ from rl_app.upstream.torchrl import (
     GENERATION_BYTES,
     TREE_LEAF_BYTES,
     TREE_VALUE_BYTES,
-    GuardedWeightSyncScheme,
     SliceStartIndex,
     VectorizedSliceSampler,
     close_keeping_threads,
@@ -78,9 +77,10 @@ from rl_app.upstream.torchrl import (
     replay_generator,
     sampler_state,
     set_storage_length,
-    undo_trajectory_id_shifts,
-    unrolling_view,
 )
+from rl_app.upstream.torchrl_collectors import undo_trajectory_id_shifts
+from rl_app.upstream.torchrl_sequences import unrolling_view
+from rl_app.upstream.torchrl_workers import GuardedWeightSyncScheme
 from tests import faulty_envs
 from tests.helpers import PYTHON, ROOT
 from tests.test_her_upstream import SLICE_LEN, UNREACHED, episode, slice_sampler
@@ -146,7 +146,7 @@ def test_distributed_collector_still_stops_at_once_when_frames_are_minus_one() -
 def test_distributed_collectors_still_split_the_warm_up() -> None:
     from torchrl.collectors.distributed import RPCCollector
 
-    from rl_app.upstream.torchrl import split_warm_up
+    from rl_app.upstream.torchrl_collectors import split_warm_up
 
     for collector in (DistributedCollector, RPCCollector):
         assert "init_random_frames // self.num_workers" in inspect.getsource(collector.__init__)
@@ -945,13 +945,13 @@ def test_ray_collection_into_a_buffer_still_leaves_batches_in_flight() -> None:
     assert "thread.join" in pause and "ray.wait" not in pause and "ray.get" not in pause
 
 
-# -- TorchRL 0.14.1's RPC collector (rl_app.upstream.torchrl) ---------------------------------
+# -- TorchRL 0.14.1's RPC collector (rl_app.upstream.torchrl_collectors) ----------------------
 
 
 def test_rpc_collector_still_shifts_the_first_frames_ids() -> None:
     from torchrl.collectors.distributed import RPCCollector
 
-    from rl_app.upstream.torchrl import undo_rpc_trajectory_id_shift
+    from rl_app.upstream.torchrl_collectors import undo_rpc_trajectory_id_shift
 
     source = inspect.getsource(RPCCollector._next_sync_rpc)
     assert "data = torch.cat(data)" in source
@@ -966,7 +966,7 @@ def test_rpc_collector_still_shifts_the_first_frames_ids() -> None:
 def test_an_rpc_worker_error_still_names_its_node() -> None:
     from torchrl.collectors.distributed import rpc as torchrl_rpc
 
-    from rl_app.upstream.torchrl import rpc_worker_of
+    from rl_app.upstream.torchrl_collectors import rpc_worker_of
 
     assert 'f"COLLECTOR_NODE_{rank}"' in inspect.getsource(torchrl_rpc._rpc_init_collection_node)
     error = RuntimeError("On WorkerInfo(id=2, name=COLLECTOR_NODE_2):\nValueError('x')\nTrace")
@@ -998,7 +998,7 @@ def test_rpc_collector_still_starts_its_nodes_with_this_entry_point() -> None:
 TWO_RPC_GROUPS = """
 import torch.distributed.rpc as rpc
 from torch.distributed.rpc import api
-from rl_app.upstream.torchrl import free_local_port, rpc_started_in_this_process
+from rl_app.upstream.torchrl_collectors import free_local_port, rpc_started_in_this_process
 
 for group in range(2):
     print(rpc._init_counter, dict(api._all_gather_sequence_id), rpc_started_in_this_process())
@@ -1037,7 +1037,7 @@ from tensordict.nn import TensorDictModule
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import RPCCollector
 from torchrl.envs import GymEnv
-from rl_app.upstream.torchrl import UNBOUNDED_FRAMES, free_local_port
+from rl_app.upstream.torchrl_collectors import UNBOUNDED_FRAMES, free_local_port
 
 
 def make_env():

@@ -5,16 +5,16 @@ and then only the methods below. Adding an algorithm (say a TD3) means:
 
 1. one module, ``rl_app/algorithms/td3.py``, with a class implementing :class:`Algorithm`
    that declares ``actions`` (``"continuous"`` or ``"discrete"``), ``recurrent`` and
-   ``goals`` if it supports them, ``settings`` (its own dataclass of
-   :func:`rl_app.config.setting` fields, which becomes the ``td3`` group of the config), and
-   its acting policy in ``make_policy``;
-2. one line in ``ALGORITHMS`` (``rl_app/algorithms/__init__.py``): its name there is its
-   ``algo=`` value and the key of its settings group;
-3. one preset in ``configs/``, and its tests.
+   ``goals`` if it supports them, ``settings`` (its settings class), its acting policy in
+   ``make_policy``, and its ``update`` in one function, made fast by :func:`accelerate`;
+2. its settings class in ``rl_app/config/algorithms.py`` and its field of ``RunConfig``
+   (the config's ``td3`` group);
+3. one line in ``ALGORITHMS`` (``rl_app/algorithms/__init__.py``): its name there is its
+   ``algo=`` value;
+4. one preset in ``configs/``, and its tests.
 
-Config loading, its checks, the loop, replay and collection need no edit: the ``algo``
-choices, the schema and the checks that the env's actions, recurrence and goals fit the
-algorithm come from the declarations.
+The loop, replay and collection need no edit: the ``algo`` choices and the checks that the
+env's actions, recurrence and goals fit the algorithm come from the declarations.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from torchrl.objectives import LossModule, ValueEstimators
 
 from rl_app.config import Config, OptimConfig, ReplayConfig
 from rl_app.envs import LIFE_LOST, PIXELS_KEY
-from rl_app.replay.keys import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL, PRIORITY_KEY
+from rl_app.replay.keys import LOSS_MASK_KEY, NEXT_ACHIEVED_GOAL
 from rl_app.upstream.tensordict import without_tensorclass_memo_guards
 from rl_app.upstream.torch import EAGER_SPLIT
 
@@ -87,10 +87,6 @@ class Algorithm(abc.ABC):
     loss: LossModule
     #: The optimizer of every trained parameter (the loop anneals its learning rate).
     optimizer: torch.optim.Optimizer
-    #: ``loss`` itself or, with ``optim.compile``, its compiled form: what updates call.
-    compute_losses: Callable[[TensorDictBase], TensorDictBase]
-    #: :meth:`gradient_step` itself or, with ``optim.cudagraphs``, its CUDA-graph capture.
-    step: Callable[[TensorDictBase], TensorDictBase]
     #: The learner's device: where every tensor an update reads lives.
     device: torch.device
     #: Whether sampled goals are relabelled in hindsight (``replay.her_ratio``).
@@ -115,34 +111,21 @@ class Algorithm(abc.ABC):
         """A picklable factory for a fresh copy of ``policy``, for evaluation and for
         collector worker processes. Weights are loaded into the copy separately."""
 
-    @abc.abstractmethod
-    def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
-        """Losses, backward pass, optimizer step (and soft target updates) on ``batch``:
-        tensor work only, with no host synchronization, so that a CUDA graph can capture
-        it. Returns the detached losses, and the new priority of each step of ``batch``
-        under ``PRIORITY_KEY`` (:mod:`rl_app.replay`)."""
-
     def check_device(self, batch: TensorDictBase) -> None:
         """Raise :class:`LearnerDeviceError` naming each tensor an update on ``batch`` would
         read that is not on the learner's device: the batch's, the loss's (networks, target
         networks, value estimator) and the optimizer's state."""
         check_learner_device(self.device, batch, {"loss": self.loss}, self.optimizer)
 
-    def after_update(self, metrics: TensorDictBase) -> None:
-        """What follows a gradient step on the host (counted target copies, metrics of
-        exploration): nothing by default."""
-        return
-
+    @abc.abstractmethod
     def update(self, batch: TensorDictBase) -> TensorDictBase:
         """One gradient step on a sampled batch: ``[batch_size]`` transitions, or
         ``[slices, slice_len]`` steps (time last, in time order) from a slice sampler.
 
-        Writes ``batch[PRIORITY_KEY]`` (one new priority per step) and returns the
-        detached scalar metrics of the step (losses, temperature, ...)."""
-        metrics = self.step(batch)
-        batch[PRIORITY_KEY] = metrics.pop(PRIORITY_KEY)
-        self.after_update(metrics)
-        return metrics
+        Returns the detached scalar metrics of the step (losses, temperature, ...) and,
+        under ``PRIORITY_KEY`` (:mod:`rl_app.replay`), the TD error of each step of
+        ``batch``, which the loop writes back as new priorities. Put together by
+        :func:`accelerate` with ``optim.compile`` and ``optim.cudagraphs``."""
 
     def after_collect(self, new_frames: int) -> None:
         """Advance exploration schedules by ``new_frames`` just-collected frames (none by
@@ -222,22 +205,6 @@ def make_adam(parameters: Iterable[torch.nn.Parameter], optim: OptimConfig) -> t
     )
 
 
-def loss_function(loss: LossModule, compile: bool) -> Callable[[TensorDictBase], TensorDictBase]:
-    """``loss`` itself, or compiled into one graph for its forward and its backward.
-
-    Compiling removes the Python and TensorDict overhead around the loss's tensor work. The
-    first update pays the compile; torch's on-disk cache (``TORCHINDUCTOR_CACHE_DIR``)
-    spares later runs most of it."""
-    if not compile:
-        return loss
-    # fallback_random: draw random numbers as eager code does, so that a compiled update
-    # takes the same step as an uncompiled one and a run may switch on resume. EAGER_SPLIT:
-    # save what eager autograd saves for the backward (faster: docs/speed.md); the
-    # guard filter spares a recompile after the first evaluation (both: rl_app.upstream).
-    options = {"fallback_random": True, "guard_filter_fn": without_tensorclass_memo_guards}
-    return torch.compile(loss, options={**options, **EAGER_SPLIT})
-
-
 # Eager steps before the capture: the compiled loss compiles there, and the optimizer
 # creates its state, which the graph then updates in place.
 CUDA_GRAPH_WARMUP = 10
@@ -294,29 +261,46 @@ def check_learner_device(
         )
 
 
-def capture_step(
-    step: Callable[[TensorDictBase], TensorDictBase],
+def accelerate(
+    update: Callable[[TensorDictBase], TensorDictBase],
     optim: OptimConfig,
     check: Callable[[TensorDictBase], None],
+    *losses: torch.nn.Module,
 ) -> Callable[[TensorDictBase], TensorDictBase]:
-    """``step`` itself or, with ``optim.cudagraphs``, recorded once as a CUDA graph that
-    later updates replay with new batches of the same shape, in one launch.
+    """``update`` as fast as ``optim`` asks: the one place compile and CUDA graphs are put
+    around an algorithm's update.
 
-    Before each warm-up step and before the capture, ``check(batch)`` makes sure that
-    everything the step reads is on the learner's device (the optimizer makes its state in
-    the first step). Without CUDA, tensordict's ``CudaGraphModule`` calls ``step`` unchanged
-    (the configuration refuses ``optim.cudagraphs`` on a machine without CUDA)."""
+    ``optim.compile``: each module of ``losses`` is compiled in place (calling it runs one
+    graph for its forward and one for its backward), which removes the Python and
+    TensorDict overhead around its tensor work. The first update pays the compile; torch's
+    on-disk cache (``TORCHINDUCTOR_CACHE_DIR``) spares later runs most of it.
+
+    ``optim.cudagraphs``: ``update`` is recorded once as a CUDA graph that later updates
+    replay with new batches of the same shape, in one launch. Before each warm-up step and
+    before the capture, ``check(batch)`` makes sure that everything the step reads is on the
+    learner's device (the optimizer makes its state in the first step). Without CUDA,
+    tensordict's ``CudaGraphModule`` calls ``update`` unchanged (the configuration refuses
+    ``optim.cudagraphs`` on a machine without CUDA)."""
+    if optim.compile:
+        # fallback_random: draw random numbers as eager code does, so that a compiled
+        # update takes the same step as an uncompiled one and a run may switch on resume.
+        # EAGER_SPLIT: save what eager autograd saves for the backward (faster:
+        # docs/speed.md); the guard filter spares a recompile after the first evaluation
+        # (both: rl_app.upstream).
+        options = {"fallback_random": True, "guard_filter_fn": without_tensorclass_memo_guards}
+        for loss in losses:
+            loss.compile(options={**options, **EAGER_SPLIT})
     if not optim.cudagraphs:
-        return step
-    # in_keys=[]: the step takes a whole TensorDict and returns one.
-    graph = CudaGraphModule(step, warmup=CUDA_GRAPH_WARMUP, in_keys=[], out_keys=[])
+        return update
+    # in_keys=[]: the update takes a whole TensorDict and returns one.
+    graph = CudaGraphModule(update, warmup=CUDA_GRAPH_WARMUP, in_keys=[], out_keys=[])
     checks_left = CUDA_GRAPH_WARMUP + 1
 
-    def checked_step(batch: TensorDictBase) -> TensorDictBase:
+    def checked_update(batch: TensorDictBase) -> TensorDictBase:
         nonlocal checks_left
         if checks_left:
             check(batch)
             checks_left -= 1
         return graph(batch)
 
-    return checked_step
+    return checked_update

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,68 +36,24 @@ from torchrl.objectives import DQNLoss, HardUpdate
 
 from rl_app.algorithms.base import (
     Algorithm,
-    capture_step,
+    accelerate,
     goal_dim,
-    loss_function,
     make_adam,
     make_value_estimator,
     mask_padded_steps,
     network_inputs,
     observation_dim,
 )
-from rl_app.config import Config, ConfigError, NetworkConfig, setting
-from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS
-from rl_app.envs.atari import observes_frames
-from rl_app.replay.frames import frame_replay_keys, random_shift
+from rl_app.config import Config, ConfigError, DQNConfig, NetworkConfig
+from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS, observes_frames
 from rl_app.replay.keys import PRIORITY_KEY
-from rl_app.upstream.torchrl import unrolling_view
+from rl_app.upstream.torchrl_sequences import unrolling_view
 
 # The Nature CNN's convolutions (Mnih et al., 2015): 84x84 frames come out as 64 maps of
 # 7x7, read by a 512-unit layer.
 NATURE_CONVOLUTIONS = {"num_cells": [32, 64, 64], "kernel_sizes": [8, 4, 3], "strides": [4, 2, 1]}
 NATURE_FEATURES = 64 * 7 * 7
 NATURE_HIDDEN = 512
-
-
-@dataclass
-class DQNConfig:
-    """DQN's own settings (algo=dqn)."""
-
-    eps_start: float = setting(1.0, "exploration epsilon at the start", at_least=0, at_most=1)
-    eps_end: float = setting(0.05, "exploration epsilon after annealing", at_least=0, at_most=1)
-    eps_annealing_frames: int = setting(
-        10_000, "frames over which epsilon decreases linearly", at_least=1
-    )
-    target_update_interval: int = setting(
-        10, "copy the Q-network to its target every N updates", at_least=1
-    )
-    loss: str = setting("l2", "TD loss: l2 | smooth_l1 (Huber)", choices=("l2", "smooth_l1"))
-    double: bool = setting(True, "double DQN: the online network picks the next action")
-    max_grad_norm: float = setting(
-        10.0, "clip each update's gradient norm to this (0: no clipping)", at_least=0
-    )
-    eval_eps: float = setting(
-        0.0,
-        "epsilon of evaluation episodes, and of playing a run (0: greedy)",
-        at_least=0,
-        at_most=1,
-    )
-    random_shift: int = setting(
-        0,
-        "shift each sampled observation and next observation by up to N pixels (edge-padded, "
-        "randomly cropped back; DrQ), independently (0: none; envs of frames only)",
-        at_least=0,
-    )
-    dueling: bool = setting(
-        False,
-        "a dueling head (Wang et al., 2016; TorchRL's DuelingCnnDQNet): a state value and an "
-        "advantage per action, each from its own 512-unit layer (envs of frames only)",
-    )
-    channels_last: bool = setting(
-        True,
-        "run the Nature CNN in the channels-last memory format (faster updates on the CPUs "
-        "measured, docs/speed.md; envs of frames only)",
-    )
 
 
 class ScaledFrames(nn.Module):
@@ -308,11 +263,14 @@ class DQN(Algorithm):
             self.loss, value_network_update_interval=config.dqn.target_update_interval
         )
         self.optimizer = make_adam(self.loss.parameters(), config.optim)
-        self.compute_losses = loss_function(self.loss, config.optim.compile)
-        self.step = capture_step(self.gradient_step, config.optim, self.check_device)
+        self.gradient_step = accelerate(
+            self.gradient_step, config.optim, self.check_device, self.loss
+        )
 
     def replay_keys(self) -> list[Any]:
         if self._observation_dim is None:  # stacked frames: stored once, rebuilt when sampled
+            from rl_app.replay.frames import frame_replay_keys
+
             return frame_replay_keys(super().replay_keys())
         return super().replay_keys()
 
@@ -326,27 +284,31 @@ class DQN(Algorithm):
         )
 
     def update(self, batch: TensorDictBase) -> TensorDictBase:
+        """Random shifts of the frames (``dqn.random_shift``), the gradient step, then on
+        the host, outside a captured step, the counted target copy and epsilon's metric."""
         if self._dqn.random_shift:
+            from rl_app.replay.frames import random_shift
+
             # Each stack its own shift, the next one's too, as Dopamine's DrQ(eps) draws them.
             for key in (PIXELS_KEY, ("next", PIXELS_KEY)):
                 batch[key] = random_shift(batch[key], self._dqn.random_shift)
-        return super().update(batch)
+        metrics = self.gradient_step(batch)
+        self.target_updater.step()
+        metrics["epsilon"] = self.exploration.eps.clone()
+        return metrics
 
     def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
+        """The TD loss, one backward pass, the gradient clipped to ``dqn.max_grad_norm``,
+        one optimizer step; the loss writes each step's TD error into ``batch``."""
         # A recurrent Q-network unrolls each sampled sequence (no effect on an MLP).
         with set_recurrent_mode(self._recurrent):
-            losses = self.compute_losses(batch)
+            losses = self.loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         if self._dqn.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.loss.parameters(), self._dqn.max_grad_norm)
         self.optimizer.step()
         return losses.detach().set(PRIORITY_KEY, batch[PRIORITY_KEY])
-
-    def after_update(self, metrics: TensorDictBase) -> None:
-        # The target copy counts updates on the host, outside a captured step.
-        self.target_updater.step()
-        metrics["epsilon"] = self.exploration.eps.clone()
 
     def after_collect(self, new_frames: int) -> None:
         self.exploration.step(new_frames)

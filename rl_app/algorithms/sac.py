@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -21,31 +20,16 @@ from torchrl.objectives import SACLoss, SoftUpdate
 
 from rl_app.algorithms.base import (
     Algorithm,
-    capture_step,
+    accelerate,
     goal_dim,
-    loss_function,
     make_adam,
     make_value_estimator,
     mask_padded_steps,
     network_inputs,
 )
-from rl_app.config import Config, NetworkConfig, setting
+from rl_app.config import Config, NetworkConfig, SACConfig
 from rl_app.replay import PRIORITY_KEY
 from rl_app.upstream.torchrl import create_target_entropy_buffer
-
-
-@dataclass
-class SACConfig:
-    """SAC's own settings (algo=sac)."""
-
-    tau: float = setting(0.005, "soft target-network update rate", above=0, at_most=1)
-    init_alpha: float = setting(1.0, "initial entropy temperature (learned from there)", above=0)
-    vmap_qnets: bool = setting(
-        False,
-        "run the Q-networks under torch.vmap (off: one after the other, which measured faster "
-        "on CPUs and gives the same values up to float rounding); always on with optim.compile",
-        on_resume=True,
-    )
 
 
 class MultiInputSequential(nn.Sequential):
@@ -148,16 +132,17 @@ class SAC(Algorithm):
         # One optimizer over actor, critics and temperature: each loss term only reaches
         # its own parameters (SACLoss detaches the others), so the summed loss is exact.
         self.optimizer = make_adam(self.loss.parameters(), config.optim)
-        self.compute_losses = loss_function(self.loss, config.optim.compile)
-        self.step = capture_step(self.gradient_step, config.optim, self.check_device)
+        self.update = accelerate(self.update, config.optim, self.check_device, self.loss)
 
     def policy_factory(self) -> Callable[..., ProbabilisticActor]:
         return functools.partial(
             self.make_policy, self._config, self._observation_dim, self._goal_dim, self._action_spec
         )
 
-    def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
-        losses = self.compute_losses(batch)
+    def update(self, batch: TensorDictBase) -> TensorDictBase:
+        """The losses of actor, critics and temperature, one backward pass, one optimizer
+        step, the soft target update; the loss writes each step's TD error into ``batch``."""
+        losses = self.loss(batch)
         total = losses["loss_actor"] + losses["loss_qvalue"] + losses["loss_alpha"]
         self.optimizer.zero_grad(set_to_none=True)
         total.backward()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,41 +24,16 @@ from torchrl.objectives import SoftUpdate, TD3Loss
 
 from rl_app.algorithms.base import (
     Algorithm,
-    capture_step,
+    accelerate,
     goal_dim,
-    loss_function,
     make_adam,
     make_value_estimator,
     mask_padded_steps,
     network_inputs,
 )
 from rl_app.algorithms.sac import make_qvalue
-from rl_app.config import Config, NetworkConfig, setting
+from rl_app.config import Config, NetworkConfig, TD3Config
 from rl_app.replay import PRIORITY_KEY
-
-
-@dataclass
-class TD3Settings:
-    """TD3's own settings (algo=td3)."""
-
-    tau: float = setting(0.005, "soft target-network update rate", above=0, at_most=1)
-    policy_delay: int = setting(
-        2, "update the actor and the target networks at every N-th critic update", at_least=1
-    )
-    exploration_noise: float = setting(
-        0.1,
-        "std of the Gaussian noise added to collected actions, in half-widths of the action "
-        "range (then clipped to it)",
-        at_least=0,
-    )
-    policy_noise: float = setting(
-        0.2,
-        "std of the noise that smooths the target action, in half-widths of the action range",
-        at_least=0,
-    )
-    noise_clip: float = setting(
-        0.5, "clip the target action's noise to +-N half-widths of the action range", at_least=0
-    )
 
 
 def half_width(action_spec: TensorSpec) -> torch.Tensor:
@@ -87,7 +61,7 @@ def make_actor(
 
 def make_exploring_actor(
     network: NetworkConfig,
-    td3: TD3Settings,
+    td3: TD3Config,
     observation_dim: int,
     goal_dim: int | None,
     action_spec: TensorSpec,
@@ -128,10 +102,22 @@ class DelayedUpdates:
         self.loss_actor = state["loss_actor"].to(self.loss_actor.device)
 
 
+class LossTerm(nn.Module):
+    """One term of a TorchRL loss (a method of the loss module) as a module of its own, so
+    that :func:`~rl_app.algorithms.base.accelerate` compiles it alone."""
+
+    def __init__(self, term: Callable[[TensorDictBase], Any]) -> None:
+        super().__init__()
+        self.term = term
+
+    def forward(self, batch: TensorDictBase) -> Any:
+        return self.term(batch)
+
+
 class TD3(Algorithm):
     """TD3: clipped double-Q learning, target policy smoothing, delayed actor updates."""
 
-    settings = TD3Settings
+    settings = TD3Config
     actions = "continuous"
     recurrent = False
     goals = True  # the networks read the desired goal (network_inputs)
@@ -180,11 +166,15 @@ class TD3(Algorithm):
         # only (the actor loss reads detached critics), and Adam leaves a parameter without
         # a gradient untouched, its moments and step count too, as separate optimizers do.
         self.optimizer = make_adam(self.loss.parameters(), config.optim)
-        # TD3Loss's two halves, each compiled with optim.compile: most steps need no actor loss.
-        self.critic_loss = loss_function(self.loss.value_loss, config.optim.compile)
-        self.actor_loss = loss_function(self.loss.actor_loss, config.optim.compile)
-        self.step = capture_step(self.gradient_step, config.optim, self.check_device)
-        self.delayed_step = capture_step(self.actor_step, config.optim, self.check_device)
+        # TD3Loss's two halves, each a step of its own: most steps need no actor loss.
+        self.critic_loss = LossTerm(self.loss.value_loss)
+        self.actor_loss = LossTerm(self.loss.actor_loss)
+        self.critic_step = accelerate(
+            self.critic_step, config.optim, self.check_device, self.critic_loss
+        )
+        self.actor_step = accelerate(
+            self.actor_step, config.optim, self.check_device, self.actor_loss
+        )
         self.delayed = DelayedUpdates(config.td3.policy_delay, device)
 
     def policy_factory(self) -> Callable[..., TensorDictSequential]:
@@ -197,14 +187,13 @@ class TD3(Algorithm):
         first), an actor step on the same batch and the soft target updates. The metrics
         carry the latest actor loss."""
         due = self.delayed.due()
-        metrics = self.step(batch)
-        batch[PRIORITY_KEY] = metrics.pop(PRIORITY_KEY)
+        metrics = self.critic_step(batch)
         if due:
-            self.delayed.loss_actor = self.delayed_step(batch)["loss_actor"].clone()
+            self.delayed.loss_actor = self.actor_step(batch)["loss_actor"].clone()
         self.delayed.critic_updates += 1
         return metrics.set("loss_actor", self.delayed.loss_actor)
 
-    def gradient_step(self, batch: TensorDictBase) -> TensorDictBase:
+    def critic_step(self, batch: TensorDictBase) -> TensorDictBase:
         """The critics' step: the smaller target Q-value at the target actor's action plus
         clipped noise, bootstrapped as ``optim.target`` says. Priorities: the larger squared
         TD error of the two critics, as ``TD3Loss`` writes them."""

@@ -35,7 +35,7 @@ from rl_app.config import Config
 from rl_app.envs import env_factory, worker_seed
 from rl_app.launch.cluster import JOB_DIR, collection_job_settings, make_executor
 from rl_app.replay import TRAJECTORY_KEY
-from rl_app.upstream.torchrl import (
+from rl_app.upstream.torchrl_collectors import (
     ExecutorDistributedCollector,
     split_warm_up,
     undo_trajectory_id_shifts,

@@ -50,7 +50,7 @@ from rl_app.upstream.ray import (
     service_buffer,
     warm_up_frames,
 )
-from rl_app.upstream.torchrl import UNBOUNDED_FRAMES
+from rl_app.upstream.torchrl_collectors import UNBOUNDED_FRAMES
 
 
 def connect_ray(address: str | None) -> bool:

@@ -50,7 +50,7 @@ from rl_app.config import Config
 from rl_app.envs import env_factory, worker_seed
 from rl_app.launch.cluster import JOB_DIR, check_cluster, collection_job_settings, make_executor
 from rl_app.replay import TRAJECTORY_KEY
-from rl_app.upstream.torchrl import (
+from rl_app.upstream.torchrl_collectors import (
     LaunchedRPCCollector,
     free_local_port,
     rpc_started_in_this_process,

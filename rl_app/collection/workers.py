@@ -20,7 +20,7 @@ from torchrl.collectors import BaseCollector, Collector
 from rl_app.config import Config
 from rl_app.envs import env_factory, worker_seed
 from rl_app.replay import TRAJECTORY_KEY
-from rl_app.upstream.torchrl import GuardedWeightSyncScheme, make_guarded_policy
+from rl_app.upstream.torchrl_workers import GuardedWeightSyncScheme, make_guarded_policy
 
 
 def make_worker_collector(

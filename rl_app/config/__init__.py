@@ -1,16 +1,20 @@
-"""A run's settings: the schema (:mod:`~rl_app.config.schema`) and how a config is loaded
-from presets, overrides and a resumed run (:mod:`~rl_app.config.loading`).
+"""A run's settings: the schema (:mod:`~rl_app.config.schema`, each algorithm's own group in
+:mod:`~rl_app.config.algorithms`), how a setting is declared and its values checked
+(:mod:`~rl_app.config.settings`), and how a config is resolved from presets, overrides and
+a resumed run (:mod:`~rl_app.config.loading`).
 
-The ground floor: it names no algorithm, sampler or env and imports no owner. A run's full
-schema (the core groups and one group per algorithm) is assembled in
-:mod:`rl_app.algorithms`; :mod:`rl_app.checks` loads it and runs every owner's check.
+The ground floor: it imports no owner. Which algorithms ``algo`` accepts is the registry's
+(:mod:`rl_app.algorithms`); :func:`rl_app.checks.load_config` resolves a config here and
+runs every owner's check.
 
 To add a setting: a field with :func:`setting` (its default, doc line and what it
-accepts) in its group in :mod:`~rl_app.config.schema` (an algorithm's own settings live in
-its module); ``on_resume=True`` if a resumed run may change it. A check that involves other
-keys or the machine goes with the part it concerns (``rl_app/replay/checks.py``,
-``rl_app/envs/checks.py``, an algorithm's ``check``, ``rl_app/checks.py``)."""
+accepts) in its group in :mod:`~rl_app.config.schema` (an algorithm's own settings in
+:mod:`~rl_app.config.algorithms`); ``on_resume=True`` if a resumed run may change it. A
+check that involves other keys or the machine goes with the part it concerns
+(``rl_app/replay/checks.py``, ``rl_app/envs/checks.py``, an algorithm's ``check``,
+``rl_app/checks.py``)."""
 
+from rl_app.config.algorithms import DQNConfig, SACConfig, TD3Config
 from rl_app.config.loading import (
     DEFAULT_PRESET,
     HOLDS_PREFIX,
@@ -20,11 +24,12 @@ from rl_app.config.loading import (
     describe_presets,
     describe_settings,
     holds_checkpoint,
-    load_config,
     parse_overrides,
+    preset_config,
     read_run_config,
     read_yaml,
     refuse_experiment_changes,
+    resolve_config,
 )
 from rl_app.config.schema import (
     C_INT_MAX,
@@ -33,19 +38,21 @@ from rl_app.config.schema import (
     CheckpointConfig,
     CollectorConfig,
     Config,
-    ConfigError,
     EnvConfig,
     EvalConfig,
     LoggerConfig,
     NetworkConfig,
     OptimConfig,
     ReplayConfig,
+    RunConfig,
     SlurmConfig,
+)
+from rl_app.config.settings import (
+    ConfigError,
     check_declared,
     conform,
     conform_value,
     flatten,
-    run_schema,
     setting,
     settings_of,
     to_yaml,
@@ -63,13 +70,17 @@ __all__ = [
     "CollectorConfig",
     "Config",
     "ConfigError",
+    "DQNConfig",
     "EnvConfig",
     "EvalConfig",
     "LoggerConfig",
     "NetworkConfig",
     "OptimConfig",
     "ReplayConfig",
+    "RunConfig",
+    "SACConfig",
     "SlurmConfig",
+    "TD3Config",
     "available_presets",
     "check_declared",
     "check_run_dir",
@@ -79,12 +90,12 @@ __all__ = [
     "describe_settings",
     "flatten",
     "holds_checkpoint",
-    "load_config",
     "parse_overrides",
+    "preset_config",
     "read_run_config",
     "read_yaml",
     "refuse_experiment_changes",
-    "run_schema",
+    "resolve_config",
     "setting",
     "settings_of",
     "to_yaml",

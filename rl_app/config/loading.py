@@ -1,12 +1,12 @@
 """A run's configuration, loaded in three layers, each overriding the one before: the
 schema's defaults, a preset from ``configs/<name>.yaml``, and ``key=value`` overrides from
 the command line. Each layer is checked key by key against the schema
-(:func:`~rl_app.config.schema.conform`) and the result value by value
-(:func:`~rl_app.config.schema.check_declared`); a resumed run takes its saved config as the
+(:func:`~rl_app.config.settings.conform`) and the result value by value
+(:func:`~rl_app.config.settings.check_declared`); a resumed run takes its saved config as the
 preset and may change only the keys declared ``on_resume``.
 
-The schema is handed in (:func:`rl_app.checks.load_config` hands the run's, with every
-algorithm's group, and runs every owner's check after this): nothing here knows an owner.
+Nothing here knows an owner: :func:`rl_app.checks.load_config` resolves a config here and
+then runs every owner's check.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Any
 
 import yaml
 
-from rl_app.config.schema import ConfigError, check_declared, conform, flatten, settings_of
+from rl_app.config.schema import RunConfig
+from rl_app.config.settings import ConfigError, check_declared, conform, flatten, settings_of
 from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE, HOLDER_FILE, LOCK_FILE
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent.parent / "configs"
@@ -27,25 +28,26 @@ DEFAULT_PRESET = "default"
 HOLDS_PREFIX = "# Holds at full size: "
 
 
-def load_config(preset: str, overrides: list[str], schema: type) -> Any:
-    """Merge ``schema``'s defaults, a preset and ``key=value`` overrides into an instance of
-    ``schema`` whose every value is one its setting accepts.
+def resolve_config(preset: str, overrides: list[str]) -> RunConfig:
+    """Merge the schema's defaults, a preset and ``key=value`` overrides into a
+    :class:`RunConfig` whose every value is one its setting accepts (how the values fit one
+    another, the env and the machine is checked by :func:`rl_app.checks.load_config`).
 
     ``preset`` names a file in ``configs/`` or is the path of a YAML file. When ``run_dir``
     names a run that holds a checkpoint, the config saved in that run replaces the preset
     (the run resumes), and only keys declared ``on_resume`` may be overridden. Every
     mistake raises :class:`ConfigError` naming the file (and line) or the key."""
-    given = conform(parse_overrides(overrides), schema, "")
+    given = conform(parse_overrides(overrides), RunConfig, "")
     run_dir = given.get("run_dir")
     if run_dir is not None and holds_checkpoint(Path(run_dir)):
-        saved = read_run_config(Path(run_dir), schema)
-        config = build(schema, merge(dataclasses.asdict(saved), given))
+        saved = read_run_config(Path(run_dir))
+        config = build(RunConfig, merge(dataclasses.asdict(saved), given))
         refuse_experiment_changes(saved, config)
     else:
-        preset_tree = conform(read_yaml(preset_file(preset)), schema, "")
-        config = build(schema, merge(preset_tree, given))
+        preset_tree = conform(read_yaml(preset_file(preset)), RunConfig, "")
+        config = build(RunConfig, merge(preset_tree, given))
     tree = dataclasses.asdict(config)
-    for key, _, accepted in settings_of(schema):
+    for key, _, accepted in settings_of(RunConfig):
         value = tree
         for part in key.split("."):
             value = value[part]
@@ -94,18 +96,25 @@ def describe_presets() -> str:
     return "\n".join(lines)
 
 
-def describe_settings(schema: type) -> str:
-    """The text of ``train.py --help``: every group and key, with default and meaning."""
+def preset_config(preset: str) -> RunConfig:
+    """The config ``preset`` holds before any override, each value as its file gives it
+    (what ``train.py --help`` shows)."""
+    return build(RunConfig, conform(read_yaml(preset_file(preset)), RunConfig, ""))
+
+
+def describe_settings(config: RunConfig, docs: dict[str, str]) -> str:
+    """The text of ``train.py --help``: every group and key, with its value in ``config``
+    and its meaning; ``docs`` replaces the meaning of a key that only an owner can write."""
     lines = []
     group_shown = None
-    groups = {f.name: f.default_factory for f in dataclasses.fields(schema)}
-    for key, item, metadata in settings_of(schema):
+    groups = {f.name: f.default_factory for f in dataclasses.fields(RunConfig)}
+    tree = flatten(dataclasses.asdict(config))
+    for key, _, metadata in settings_of(RunConfig):
         group_name = key.rpartition(".")[0]
         if group_name and group_name != group_shown:
             lines.append(f"\n  {group_name}: {groups[group_name].__doc__.splitlines()[0].strip()}")
             group_shown = group_name
-        default = item.default_factory() if item.default is dataclasses.MISSING else item.default
-        lines.append(f"    {key}={default}  ({metadata['doc']})")
+        lines.append(f"    {key}={tree[key]}  ({docs.get(key, metadata['doc'])})")
     return "\n".join(lines)
 
 
@@ -166,10 +175,9 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     return tree
 
 
-def read_run_config(run_dir: Path, schema: type) -> Any:
-    """The config a run saved in its directory, an instance of ``schema`` (reads only;
-    values were checked then)."""
-    return build(schema, conform(read_yaml(run_dir / CONFIG_FILE), schema, ""))
+def read_run_config(run_dir: Path) -> RunConfig:
+    """The config a run saved in its directory (reads only; its values were checked then)."""
+    return build(RunConfig, conform(read_yaml(run_dir / CONFIG_FILE), RunConfig, ""))
 
 
 def holds_checkpoint(run_dir: Path) -> bool:
@@ -194,7 +202,7 @@ def check_run_dir(run_dir: Path) -> None:
         )
 
 
-def refuse_experiment_changes(saved: Any, resumed: Any) -> None:
+def refuse_experiment_changes(saved: RunConfig, resumed: RunConfig) -> None:
     """Raise :class:`ConfigError` if a resume would change the experiment itself."""
     before = flatten(dataclasses.asdict(saved))
     after = flatten(dataclasses.asdict(resumed))

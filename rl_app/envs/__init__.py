@@ -25,35 +25,32 @@ TorchRL transform in :func:`make_env`, a check of a new ``env.*`` setting in
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.wrappers import AtariPreprocessing, TimeLimit
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.wrappers import TimeLimit
 from torchrl.data import Categorical, Composite, Unbounded
 from torchrl.envs import (
-    CatFrames,
     Compose,
     DoubleToFloat,
     EnvBase,
     GymWrapper,
     InitTracker,
     ObservationNorm,
-    RenameTransform,
     RewardSum,
     SignTransform,
     StepCounter,
     TensorDictPrimer,
-    Transform,
     TransformedEnv,
-    UnsqueezeTransform,
 )
 from torchrl.envs.gym_like import BaseInfoDictReader
 
 from rl_app.config import EnvConfig, NetworkConfig
-from rl_app.envs.atari import is_atari, observes_frames
 from rl_app.envs.resumable import ResumableEnv
 
 # Evaluation episodes use seeds far from the training ones, so that the agent is scored on
@@ -87,11 +84,47 @@ LIFE_LOST = "life_lost"
 # Collector i (a worker process or a collection job) seeds its env with seed + i * stride:
 # distinct, reproducible episodes.
 WORKER_SEED_STRIDE = 10_007
+# Gymnasium's entry point of every Atari game (ale_py).
+ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 
 
 def worker_seed(seed: int, worker: int) -> int:
     """The env seed of collector ``worker`` in a run seeded with ``seed``."""
     return seed + worker * WORKER_SEED_STRIDE
+
+
+def is_registered(env_id: str) -> bool:
+    """Whether Gymnasium knows ``env_id``. It learns the ids of the Atari games (e.g.
+    BreakoutNoFrameskip-v4) from ale_py, imported here at the first id it does not know
+    rather than by every run (it takes a quarter of a second)."""
+    if env_id not in gym.envs.registry:
+        import ale_py
+
+        gym.register_envs(ale_py)
+    return env_id in gym.envs.registry
+
+
+def is_atari(env_name: str) -> bool:
+    """Whether ``env.name`` is a game of the Arcade Learning Environment."""
+    env_id = env_name.split(":")[-1]
+    return is_registered(env_id) and gym.spec(env_id).entry_point == ATARI_ENTRY_POINT
+
+
+def observes_frames(env_name: str) -> bool:
+    """Whether ``env.name`` is learned as an Atari game is, from stacks of its frames: an
+    Atari game, or an env whose class says so with ``observes_frames = True`` (its
+    observation one 84x84 uint8 grayscale frame, as :mod:`rl_app.envs.pixels`'s)."""
+    if is_atari(env_name):
+        return True
+    module, _, env_id = env_name.rpartition(":")
+    if module:  # registers its ids on import, which a new process has not done yet
+        importlib.import_module(module)
+    if not is_registered(env_id):
+        return False
+    creator = gym.spec(env_id).entry_point
+    if isinstance(creator, str):
+        creator = load_env_creator(creator)
+    return bool(getattr(creator, "observes_frames", False))
 
 
 class ObservationIndices(gym.ObservationWrapper):
@@ -110,19 +143,6 @@ class ObservationIndices(gym.ObservationWrapper):
 
     def observation(self, observation: np.ndarray) -> np.ndarray:
         return observation[self.indices]
-
-
-class LifeLoss(gym.Wrapper):
-    """Says in ``info[LIFE_LOST]`` whether an Atari game's step lost a life (its lives are
-    read before and after it: nothing to save mid-episode)."""
-
-    holds_episode_state = False  # rl_app.envs.resumable
-
-    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
-        ale = self.unwrapped.ale
-        lives = ale.lives()
-        observation, reward, terminated, truncated, info = self.env.step(action)
-        return observation, reward, terminated, truncated, {**info, LIFE_LOST: ale.lives() < lives}
 
 
 class FlagReader(BaseInfoDictReader):
@@ -151,9 +171,9 @@ def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
     says), observing ``env.observation_indices`` if set, its episodes cut at
     ``env.max_episode_steps`` if set."""
     if is_atari(env.name):
-        gym_env = make_atari_env(env.name, render_mode)
-        if env.life_loss_terminal:
-            gym_env = LifeLoss(gym_env)
+        from rl_app.envs.atari import make_atari_env
+
+        gym_env = make_atari_env(env, render_mode)
     else:
         gym_env = gym.make(env.name, render_mode=render_mode)
     if env.observation_indices is not None:
@@ -161,40 +181,6 @@ def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
     if env.max_episode_steps is not None:
         gym_env = TimeLimit(gym_env, env.max_episode_steps)
     return gym_env
-
-
-def make_atari_env(name: str, render_mode: str | None = None) -> gym.Env:
-    """The Atari game ``name`` as DQN plays it (Mnih et al., 2015): up to 30 no-op actions
-    after each reset, each action repeated for FRAME_SKIP emulator frames, the last two of
-    which are max-pooled (sprites flicker), grayscale, resized to 84x84; episodes end at
-    ATARI_MAX_FRAMES. A lost life is not a terminal: Machado et al. (2018) recommend it, and
-    the evaluation return is then the score of a whole game (``env.life_loss_terminal``
-    ends only the learner's targets there: :class:`LifeLoss`)."""
-    game = gym.make(
-        name,
-        render_mode=render_mode,
-        frameskip=1,  # FRAME_SKIP is AtariPreprocessing's, which needs the raw frames
-        max_num_frames_per_episode=ATARI_MAX_FRAMES,
-    )
-    return AtariPreprocessing(
-        game,
-        noop_max=30,
-        frame_skip=FRAME_SKIP,
-        screen_size=FRAME_SIZE,
-        grayscale_obs=True,
-        terminal_on_life_loss=False,
-    )
-
-
-def frame_stacking() -> list[Transform]:
-    """The game's frame under FRAME_KEY, and the newest FRAME_STACK frames under
-    PIXELS_KEY, [FRAME_STACK, 84, 84]: CatFrames fills the stack of an episode's first step
-    with copies of its first frame."""
-    return [
-        RenameTransform(["observation"], [FRAME_KEY]),
-        UnsqueezeTransform(-3, in_keys=[FRAME_KEY], out_keys=[PIXELS_KEY]),
-        CatFrames(N=FRAME_STACK, dim=-3, in_keys=[PIXELS_KEY]),
-    ]
 
 
 def recurrent_state_primer(network: NetworkConfig) -> TensorDictPrimer:
@@ -244,6 +230,8 @@ def make_env(
         base.set_info_dict_reader(FlagReader(flags, base.batch_size))
     transforms = [DoubleToFloat(), StepCounter(), RewardSum(), InitTracker()]
     if observes_frames(env.name):
+        from rl_app.envs.atari import frame_stacking
+
         transforms = [*frame_stacking(), *transforms]
     if is_atari(env.name):
         transforms.append(SignTransform(in_keys=["reward"]))

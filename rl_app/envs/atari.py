@@ -1,56 +1,28 @@
-"""Which envs are Atari games, which are learned from stacks of frames as one is, and what
-that asks of the rest of the config.
-
-Importing this module imports neither ale_py nor TorchRL: :func:`is_registered` imports
-ale_py at the first env id Gymnasium does not know."""
+"""Atari games, and the envs learned from stacks of frames as one is: the game as DQN plays
+it, the frame stacks, and what that asks of the rest of the config. Imported only for an env
+that observes frames (:func:`rl_app.envs.observes_frames`)."""
 
 from __future__ import annotations
 
-import importlib
+from typing import Any
 
 import gymnasium as gym
-from gymnasium.envs.registration import load_env_creator
+from gymnasium.wrappers import AtariPreprocessing
+from torchrl.envs import CatFrames, RenameTransform, Transform, UnsqueezeTransform
 
-from rl_app.config import Config, ConfigError
+from rl_app.config import Config, ConfigError, EnvConfig
+from rl_app.envs import (
+    ATARI_MAX_FRAMES,
+    FRAME_KEY,
+    FRAME_SIZE,
+    FRAME_SKIP,
+    FRAME_STACK,
+    LIFE_LOST,
+    PIXELS_KEY,
+)
 
-# Gymnasium's entry point of every Atari game (ale_py).
-ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
 # The samplers that rebuild the frame stacks of an env observing frames (rl_app.replay.frames).
 FRAME_SAMPLERS = ("prioritized_slice", "slice")
-
-
-def is_registered(env_id: str) -> bool:
-    """Whether Gymnasium knows ``env_id``. It learns the ids of the Atari games (e.g.
-    BreakoutNoFrameskip-v4) from ale_py, imported here at the first id it does not know
-    rather than by every run (it takes a quarter of a second)."""
-    if env_id not in gym.envs.registry:
-        import ale_py
-
-        gym.register_envs(ale_py)
-    return env_id in gym.envs.registry
-
-
-def is_atari(env_name: str) -> bool:
-    """Whether ``env.name`` is a game of the Arcade Learning Environment."""
-    env_id = env_name.split(":")[-1]
-    return is_registered(env_id) and gym.spec(env_id).entry_point == ATARI_ENTRY_POINT
-
-
-def observes_frames(env_name: str) -> bool:
-    """Whether ``env.name`` is learned as an Atari game is, from stacks of its frames: an
-    Atari game, or an env whose class says so with ``observes_frames = True`` (its
-    observation one 84x84 uint8 grayscale frame, as :mod:`rl_app.envs.pixels`'s)."""
-    if is_atari(env_name):
-        return True
-    module, _, env_id = env_name.rpartition(":")
-    if module:  # registers its ids on import, which a new process has not done yet
-        importlib.import_module(module)
-    if not is_registered(env_id):
-        return False
-    creator = gym.spec(env_id).entry_point
-    if isinstance(creator, str):
-        creator = load_env_creator(creator)
-    return bool(getattr(creator, "observes_frames", False))
 
 
 def check_atari(config: Config) -> None:
@@ -58,8 +30,6 @@ def check_atari(config: Config) -> None:
     from stacks of frames that the replay buffer stores once (:mod:`rl_app.replay.frames`):
     rebuilt along sampled slices, next to one-slot reset slots that only the slice
     samplers, with slices of two steps or more, never draw."""
-    if not observes_frames(config.env.name):
-        return
     replay = config.replay
     if replay.sampler not in FRAME_SAMPLERS:
         raise ConfigError(
@@ -77,3 +47,51 @@ def check_atari(config: Config) -> None:
             f"{config.env.name} is learned by the Nature CNN from raw frames: set "
             "network.recurrent=none and env.normalize_observations=false"
         )
+
+
+class LifeLoss(gym.Wrapper):
+    """Says in ``info[LIFE_LOST]`` whether an Atari game's step lost a life (its lives are
+    read before and after it: nothing to save mid-episode)."""
+
+    holds_episode_state = False  # rl_app.envs.resumable
+
+    def step(self, action: Any) -> tuple[Any, float, bool, bool, dict[str, Any]]:
+        ale = self.unwrapped.ale
+        lives = ale.lives()
+        observation, reward, terminated, truncated, info = self.env.step(action)
+        return observation, reward, terminated, truncated, {**info, LIFE_LOST: ale.lives() < lives}
+
+
+def make_atari_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
+    """The Atari game ``env.name`` as DQN plays it (Mnih et al., 2015): up to 30 no-op actions
+    after each reset, each action repeated for FRAME_SKIP emulator frames, the last two of
+    which are max-pooled (sprites flicker), grayscale, resized to 84x84; episodes end at
+    ATARI_MAX_FRAMES. A lost life is not a terminal: Machado et al. (2018) recommend it, and
+    the evaluation return is then the score of a whole game (``env.life_loss_terminal``
+    ends only the learner's targets there: :class:`LifeLoss`)."""
+    game = gym.make(
+        env.name,
+        render_mode=render_mode,
+        frameskip=1,  # FRAME_SKIP is AtariPreprocessing's, which needs the raw frames
+        max_num_frames_per_episode=ATARI_MAX_FRAMES,
+    )
+    game = AtariPreprocessing(
+        game,
+        noop_max=30,
+        frame_skip=FRAME_SKIP,
+        screen_size=FRAME_SIZE,
+        grayscale_obs=True,
+        terminal_on_life_loss=False,
+    )
+    return LifeLoss(game) if env.life_loss_terminal else game
+
+
+def frame_stacking() -> list[Transform]:
+    """The game's frame under FRAME_KEY, and the newest FRAME_STACK frames under
+    PIXELS_KEY, [FRAME_STACK, 84, 84]: CatFrames fills the stack of an episode's first step
+    with copies of its first frame."""
+    return [
+        RenameTransform(["observation"], [FRAME_KEY]),
+        UnsqueezeTransform(-3, in_keys=[FRAME_KEY], out_keys=[PIXELS_KEY]),
+        CatFrames(N=FRAME_STACK, dim=-3, in_keys=[PIXELS_KEY]),
+    ]

@@ -10,7 +10,7 @@ import importlib
 import gymnasium as gym
 
 from rl_app.config import Config, ConfigError, EnvConfig
-from rl_app.envs.atari import is_registered
+from rl_app.envs import is_registered
 
 # What hindsight relabelling reads of a goal env, as gymnasium-robotics' GoalEnv offers it:
 # its dict observation's entries, and the reward and termination of any goal.

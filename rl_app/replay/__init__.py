@@ -54,7 +54,7 @@ from torchrl.data import (
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.envs import EnvBase
 
-from rl_app.config import ReplayConfig
+from rl_app.config import OptimConfig, ReplayConfig
 from rl_app.envs import FRAME_KEY
 from rl_app.replay.buffer import (
     SLICE_PRIORITY_ETA,
@@ -62,20 +62,16 @@ from rl_app.replay.buffer import (
     slice_priorities,
     write_priorities,
 )
-from rl_app.replay.checks import samples_sequences
-from rl_app.replay.frames import NEXT_FRAME_KEY, StoredFrames, stack_frames
-from rl_app.replay.hindsight import hindsight_buffer
+from rl_app.replay.checks import NSTEP_TRANSITION, samples_sequences
 from rl_app.replay.journal import JournaledStorage
 from rl_app.replay.keys import (
     LOSS_MASK_KEY,
     NEXT_ACHIEVED_GOAL,
+    NEXT_FRAME_KEY,
     PRIORITY_KEY,
     SLOT_KEY,
     TRAJECTORY_KEY,
 )
-from rl_app.replay.nstep import NStepTransitions, nstep_gamma
-from rl_app.replay.recurrent import StateRefresh
-from rl_app.replay.sequences import SequenceReplayBuffer, sequence_unit
 from rl_app.upstream.torchrl import (
     VectorizedSliceSampler,
     gymnasium_env,
@@ -133,6 +129,11 @@ def make_sampler(replay: ReplayConfig, *, torchrl_own: bool = False) -> Sampler:
     return sampler
 
 
+def nstep_gamma(optim: OptimConfig) -> float | None:
+    """The discount of the n-step transitions ``optim.target`` asks for (None: none)."""
+    return optim.gamma if optim.target == NSTEP_TRANSITION else None
+
+
 def shared_buffer_parts(replay: ReplayConfig, seed: int) -> dict[str, Any]:
     """The parts of every run's buffer, in this process or in a replay service's actor:
     priorities under :data:`PRIORITY_KEY`, a generator seeded with ``seed`` (sampling is
@@ -186,17 +187,27 @@ def make_replay_buffer(
     }
     stack = None
     if keys is not None and NEXT_FRAME_KEY in keys:  # frames stored once (frame_replay_keys)
+        from rl_app.replay.frames import StoredFrames, stack_frames
+
         # The reset slots are made of the observation's newest frame.
         parts["collected_keys"].append(FRAME_KEY)
         parts["transform"] = StoredFrames(storage, stack_samples=nstep_gamma is None)
         stack = functools.partial(stack_frames, storage)
     if nstep_gamma is not None:
+        from rl_app.replay.nstep import NStepTransitions
+
         parts["nstep"] = NStepTransitions(nstep_gamma, replay.slice_len, stack)
     if recurrent_states is not None:
+        from rl_app.replay.recurrent import StateRefresh
+
         parts["refresh"] = StateRefresh(recurrent_states, write=replay.refresh_states)
     if replay.her_ratio:
+        from rl_app.replay.hindsight import hindsight_buffer
+
         return hindsight_buffer(replay, gymnasium_env(env).unwrapped, **parts)
     if replay.sampler == "prioritized_sequence":
+        from rl_app.replay.sequences import SequenceReplayBuffer, sequence_unit
+
         return SequenceReplayBuffer(sample_unit=sequence_unit(replay), **parts)
     return RunReplayBuffer(**parts)
 

@@ -6,7 +6,7 @@ n-step transitions cut at a lost life."""
 from __future__ import annotations
 
 from rl_app.config import Config, ConfigError
-from rl_app.envs.atari import is_atari
+from rl_app.envs import is_atari
 
 SEQUENCE_SAMPLERS = ("prioritized_slice", "slice", "prioritized_sequence")
 # The samplers of slices of stored steps, which n-step transitions are made of.

@@ -32,10 +32,8 @@ from torchrl.data import TensorStorage
 from torchrl.envs import Transform
 
 from rl_app.envs import FRAME_KEY, FRAME_STACK, PIXELS_KEY
-from rl_app.replay.keys import LOSS_MASK_KEY, SLOT_KEY, TRAJECTORY_KEY
+from rl_app.replay.keys import LOSS_MASK_KEY, NEXT_FRAME_KEY, SLOT_KEY, TRAJECTORY_KEY
 
-# What a slot stores of a step's observations: the newest frame of its next one.
-NEXT_FRAME_KEY = ("next", FRAME_KEY)
 # The step of the episode each slot holds: the reset slot is RESET_STEP, the first step 0.
 STEP_KEY = "step_count"
 RESET_STEP = -1

@@ -6,7 +6,7 @@ sampler, the share is one of slices, each relabelled with one goal: the one its 
 would get, so that a multi-step target along it is for one goal; its priority is then its
 own TD errors under that goal (:func:`rl_app.replay.buffer.write_priorities`).
 
-Built on TorchRL's ``HERReplayBuffer`` (:class:`rl_app.upstream.torchrl.HERSampling`),
+Built on TorchRL's ``HERReplayBuffer`` (:class:`rl_app.upstream.torchrl_hindsight.HERSampling`),
 changing three of its behaviours:
 
 - A relabelled transition keeps TorchRL's stored ``("next", "terminated")``: where an
@@ -48,7 +48,7 @@ from tensordict import TensorDictBase
 from rl_app.config import ReplayConfig
 from rl_app.replay.buffer import RunReplayBuffer
 from rl_app.replay.keys import NEXT_ACHIEVED_GOAL
-from rl_app.upstream.torchrl import HERSampling
+from rl_app.upstream.torchrl_hindsight import HERSampling
 
 
 class HindsightReplayBuffer(HERSampling, RunReplayBuffer):

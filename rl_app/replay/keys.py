@@ -3,6 +3,8 @@ collectors share."""
 
 from __future__ import annotations
 
+from rl_app.envs import FRAME_KEY
+
 # The collector numbers every trajectory; slices are cut within one id.
 TRAJECTORY_KEY = ("collector", "traj_ids")
 # The writer stamps every stored transition with its slot.
@@ -17,3 +19,6 @@ LOSS_MASK_KEY = "loss_mask"
 # Stable-Baselines3's HerReplayBuffer does): the goal that step's reward was for. Stored
 # with every transition when relabelling is on.
 NEXT_ACHIEVED_GOAL = ("next", "achieved_goal")
+# An env observing frames (rl_app.replay.frames): what a slot stores of a step's
+# observations, the newest frame of its next one.
+NEXT_FRAME_KEY = ("next", FRAME_KEY)

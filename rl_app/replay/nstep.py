@@ -23,18 +23,11 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDictBase
 
-from rl_app.config import OptimConfig
 from rl_app.envs import LIFE_LOST
-from rl_app.replay.checks import NSTEP_TRANSITION
 from rl_app.replay.keys import LOSS_MASK_KEY
 
 # Where TorchRL's value estimators read the steps between an observation and the next one.
 STEPS_TO_NEXT_OBS = "steps_to_next_obs"
-
-
-def nstep_gamma(optim: OptimConfig) -> float | None:
-    """The discount of the n-step transitions ``optim.target`` asks for (None: none)."""
-    return optim.gamma if optim.target == NSTEP_TRANSITION else None
 
 
 class NStepTransitions:

@@ -17,12 +17,12 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from rl_app.algorithms import RunConfig
 from rl_app.checks import load_config
 from rl_app.config import (
     DEFAULT_PRESET,
     Config,
     ConfigError,
+    RunConfig,
     SlurmConfig,
     check_declared,
     conform,

@@ -10,8 +10,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from rl_app.checks import read_run_config
-from rl_app.config import to_yaml
+from rl_app.config import read_run_config, to_yaml
 from rl_app.sweep.spec import Sweep
 from rl_app.sweep.study import open_study
 

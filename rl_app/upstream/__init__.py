@@ -6,14 +6,20 @@ Whoever upgrades a dependency reads its module here first. Each item says what t
 does, what is done here instead, and names the test in ``tests/test_upstream.py`` that starts
 failing (or can be deleted) once the library changes that behaviour.
 
-- :mod:`rl_app.upstream.torchrl`: TorchRL 0.14.1 (the Gymnasium env inside a TorchRL env,
-  a collector's next step, weight pushes to worker processes, the distributed collector on
-  submitit and the random warm-up it splits among workers, an LSTM unrolled over
-  sequences, the thread count a closing batch of envs sets, SACLoss's lazily created
-  buffer, lazy storages, a replay buffer's state without its data, the prioritized slice
-  sampler's slice starts recomputed over the buffer after every extend, HERReplayBuffer's
-  hooks, the bytes a buffer keeps per slot, the RPC collector on local processes and SLURM
-  jobs).
+- :mod:`rl_app.upstream.torchrl`: TorchRL 0.14.1, what every run needs (the Gymnasium env
+  inside a TorchRL env, a collector's next step, the thread count a closing batch of envs
+  sets, SACLoss's lazily created buffer, lazy storages, a replay buffer's state without its
+  data, the prioritized slice sampler's slice starts recomputed over the buffer after every
+  extend, the bytes a buffer keeps per slot). An optional feature's TorchRL workarounds are
+  in a module of their own, which only that feature imports:
+- :mod:`rl_app.upstream.torchrl_workers`: weight pushes to worker processes;
+  ``collector.mode=sync|async`` only.
+- :mod:`rl_app.upstream.torchrl_collectors`: the distributed collector on submitit and the
+  random warm-up it splits among workers, the RPC collector on local processes and SLURM
+  jobs; ``collector.mode=distributed|rpc|ray`` only.
+- :mod:`rl_app.upstream.torchrl_sequences`: an LSTM unrolled over sequences (recurrent
+  networks).
+- :mod:`rl_app.upstream.torchrl_hindsight`: HERReplayBuffer's hooks (``replay.her_ratio``).
 - :mod:`rl_app.upstream.ray`: Ray 2.60.0 with TorchRL 0.14.1's ``RayCollector`` (which actor
   stopped, a collector actor's truth, warnings that do not apply, an endless collector, the
   random warm-up of actors sharing a buffer, a replay buffer owned by a Ray actor);

@@ -13,7 +13,7 @@ from ray.actor import ActorHandle
 from torchrl.collectors import Collector
 from torchrl.data import ReplayBuffer
 
-from rl_app.upstream.torchrl import split_warm_up
+from rl_app.upstream.torchrl_collectors import split_warm_up
 
 # -- 1. which actor a failure came from ----------------------------------------------------
 
@@ -77,8 +77,8 @@ NOT_APPLYING = ("The policy is not an nn.Module", "async distributed data collec
 # -- 3. an endless collector and its random warm-up ----------------------------------------
 
 # RayCollector's iterators run while ``collected_frames < total_frames``: the default -1
-# yields nothing, so an endless one is given rl_app.upstream.torchrl.UNBOUNDED_FRAMES; and it
-# hands each actor ``init_random_frames // num_collectors``. Test:
+# yields nothing, so an endless one is given rl_app.upstream.torchrl_collectors.UNBOUNDED_FRAMES;
+# and it hands each actor ``init_random_frames // num_collectors``. Test:
 # ``test_ray_collector_still_stops_at_minus_one_frames_and_splits_the_warm_up``.
 
 

@@ -1,45 +1,24 @@
-"""TorchRL 0.14.1: its private names and the workarounds of its behaviours (the index is in
-:mod:`rl_app.upstream`)."""
+"""TorchRL 0.14.1: its private names and the workarounds of its behaviours that every run
+needs (the index is in :mod:`rl_app.upstream`). An optional feature's are in a
+``torchrl_<feature>`` module beside this one, which only that feature imports, so that a run
+without it never loads them."""
 
 from __future__ import annotations
 
-import logging
-import math
-import re
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModuleBase, TensorDictSequential
-from torch.distributed import rpc as rpc_api
 from torchrl._utils import _replace_last
 from torchrl.collectors import Collector
-from torchrl.collectors.distributed import DistributedCollector, RPCCollector
-from torchrl.collectors.distributed import generic as torchrl_distributed
-from torchrl.collectors.distributed import rpc as torchrl_rpc
-from torchrl.collectors.distributed.default_configs import _find_free_port
-from torchrl.data import (
-    HERReplayBuffer,
-    PrioritizedSampler,
-    PrioritizedSliceSampler,
-    ReplayBuffer,
-    TensorStorage,
-)
+from torchrl.data import PrioritizedSampler, PrioritizedSliceSampler, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage
 from torchrl.envs import EnvBase
 from torchrl.envs.batched_envs import BatchedEnvBase
-from torchrl.modules import LSTMModule
 from torchrl.objectives import SACLoss
-from torchrl.weight_update import MultiProcessWeightSyncScheme
-
-log = logging.getLogger("rl_app")
-
 
 # -- 1. the Gymnasium env inside a TorchRL env, and a collector's next step -----------------
 
@@ -58,191 +37,6 @@ def next_step_input(collector: Collector) -> TensorDictBase:
     leaves out; updated in place, it resumes an episode. Test:
     ``test_a_collector_still_carries_the_next_step_in_a_private_attribute``."""
     return collector._carrier
-
-
-# -- 2. weight pushes to worker processes ---------------------------------------------------
-
-# Workers receive weights on a background thread, which TorchRL 0.14.1 copies into the
-# policy parameter by parameter while the worker's main thread may be running that policy:
-# one action could mix old and new layers, and act with new weights under the old version.
-# In each worker process this lock is held by the policy's forward pass and by a weight
-# update (from the "receive" instruction to its acknowledgement, which spans applying the
-# weights and bumping the policy version), so that each action sees one whole version.
-_WEIGHTS_LOCK = threading.Lock()
-# TorchRL waits for a worker's acknowledgement without a time limit (`timeout=None`): a
-# worker that died would never answer.
-ACK_TIMEOUT_S = 60.0
-
-
-class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
-    """TorchRL's multi-process weight sync, applying each update under ``_WEIGHTS_LOCK`` and
-    waiting at most ``ACK_TIMEOUT_S`` for workers to acknowledge it.
-
-    It hooks the two steps TorchRL's background receiver loop takes around an update (the
-    loop has no public hook); an update that fails midway releases the lock at the loop's
-    next wait. Tests: ``test_weight_sync_receiver_steps_are_still_private_hooks`` and
-    ``test_weight_sync_still_waits_for_acks_without_a_limit``."""
-
-    _holding_lock = False
-
-    def _wait_for_instruction(self, timeout: float | None = None) -> str | None:
-        self._release_lock()
-        instruction = super()._wait_for_instruction(timeout)
-        if instruction == "receive":
-            _WEIGHTS_LOCK.acquire()
-            self._holding_lock = True
-        return instruction
-
-    def _send_ack(self, message: str = "updated") -> None:
-        self._release_lock()
-        super()._send_ack(message)
-
-    def _wait_for_ack(self, worker_ids: Any = None, timeout: float | None = None) -> None:
-        super()._wait_for_ack(worker_ids, timeout=ACK_TIMEOUT_S if timeout is None else timeout)
-
-    def _release_lock(self) -> None:
-        if self._holding_lock:
-            self._holding_lock = False
-            _WEIGHTS_LOCK.release()
-
-
-def make_guarded_policy(
-    policy_factory: Callable[..., TensorDictModuleBase],
-) -> TensorDictModuleBase:
-    """A worker's policy, whose forward pass holds ``_WEIGHTS_LOCK``."""
-    policy = policy_factory()
-    policy.register_forward_pre_hook(acquire_weights_lock)
-    policy.register_forward_hook(release_weights_lock)
-    return policy
-
-
-def acquire_weights_lock(module: Any, args: Any) -> None:
-    _WEIGHTS_LOCK.acquire()  # a pre-hook returns None: the call's arguments stay as they are
-
-
-def release_weights_lock(module: Any, args: Any, output: Any) -> None:
-    _WEIGHTS_LOCK.release()
-
-
-# -- 3. the distributed collector on submitit -----------------------------------------------
-
-# TorchRL's distributed iterator treats total_frames=-1 as zero frames: "never stop" is a
-# count no run reaches. Test: ``test_distributed_collector_still_takes_its_join_wait_in_days``
-# guards this module's reading of that file.
-UNBOUNDED_FRAMES = 2**62
-
-
-def split_warm_up(init_random_frames: int, workers: int) -> int:
-    """What to hand a distributed collector (submitit, RPC, Ray) for ``init_random_frames``
-    random frames in all: it gives each of its ``workers`` a ``// workers`` share, which
-    drops the remainder; here each share is rounded up to whole frames instead. Tests:
-    ``test_distributed_collectors_still_split_the_warm_up``,
-    ``test_ray_collector_still_stops_at_minus_one_frames_and_splits_the_warm_up``."""
-    return workers * math.ceil(init_random_frames / workers)
-
-
-class ExecutorDistributedCollector(DistributedCollector):
-    """TorchRL's ``DistributedCollector`` with the submitit launcher, submitting its jobs
-    with a given ``executor`` and rendezvousing at ``address:port`` within
-    ``connect_timeout_s``; it runs until stopped.
-
-    TorchRL 0.14.1 takes the host name's address, its own executor (a ``./log_test``
-    folder, no SLURM resources) and waits for the jobs to join ``MAX_TIME_TO_CONNECT``
-    *days* (1,000: it is passed to ``timedelta`` as days). ``jobs`` holds the submitted
-    jobs as soon as they are submitted, also when joining then fails."""
-
-    def __init__(
-        self,
-        env_makers: list[Any],
-        *,
-        executor: Any,
-        address: str,
-        port: int,
-        connect_timeout_s: float,
-        **kwargs: Any,
-    ) -> None:
-        # Read by _init_workers, which TorchRL's __init__ calls.
-        self.executor = executor
-        self.address = address
-        self.connect_timeout_s = connect_timeout_s
-        self.jobs: list[Any] = []
-        super().__init__(
-            env_makers,
-            launcher="submitit",
-            sync=True,
-            total_frames=UNBOUNDED_FRAMES,
-            tcp_port=port,
-            **kwargs,
-        )
-
-    def _init_workers(self) -> None:
-        self.IPAddr = self.address
-        for node in range(self.num_workers):
-            self.jobs.append(self._init_worker_dist_submitit(self.executor, node))
-        log.info(
-            "submitted collection jobs %s; logs in %s; waiting for them at %s:%s",
-            ", ".join(job.job_id for job in self.jobs),
-            self.executor.folder, self.address, self.tcp_port,
-        )  # fmt: skip
-        default_wait_days = torchrl_distributed.MAX_TIME_TO_CONNECT
-        torchrl_distributed.MAX_TIME_TO_CONNECT = self.connect_timeout_s / 86_400
-        try:
-            self._init_master_dist(self.num_workers + 1, self.backend)
-        finally:
-            torchrl_distributed.MAX_TIME_TO_CONNECT = default_wait_days
-
-
-@contextmanager
-def weight_sync_kept_open(collector: DistributedCollector) -> Iterator[None]:
-    """Shut ``collector`` down inside this block, and its weight-sync store only after.
-
-    TorchRL closes the store as soon as each job has handed back its result, while the
-    job's receiver thread still waits on that store: the job then aborts on its way out and
-    ends FAILED. Test: ``test_distributed_shutdown_still_closes_the_weight_store_itself``."""
-    schemes, collector._weight_sync_schemes = collector._weight_sync_schemes, None
-    try:
-        yield
-    finally:
-        for scheme in (schemes or {}).values():
-            scheme.shutdown()
-
-
-def undo_trajectory_id_shifts(ids: torch.Tensor) -> torch.Tensor:
-    """Each job's own trajectory ids, from a gathered ``(jobs, frames)`` batch.
-
-    TorchRL shifts job ``i``'s ids by job ``i-1``'s largest (already shifted) id, so the
-    first trajectory of one job takes the id of the last of the other, and the shift
-    changes from batch to batch. Test: ``test_distributed_collector_still_shifts_ids``."""
-    ids = ids.clone()
-    for node in range(ids.shape[0] - 1, 0, -1):  # last first: each shift used the one before
-        ids[node] -= ids[node - 1].max()
-    return ids
-
-
-# -- 4. an LSTM unrolled over sequences -----------------------------------------------------
-
-
-def unrolling_view(network: TensorDictSequential) -> TensorDictSequential:
-    """``network`` as a loss unrolls it over ``[sequences, steps]``: the same modules and
-    weights, but its LSTM writes the states it reaches under keys of its own.
-
-    In recurrent mode TorchRL's ``LSTMModule`` writes the state it reached only at the
-    last step, zeros before it, under its out_keys ``("next", state key)``: inside a loss
-    those would replace the stored next states that the next states' values unroll from
-    (``DQNLoss`` takes its next states from the same tensordict). Acting one step at a time,
-    the policy still writes ``("next", state key)``, which the env carries to the next step.
-    Test: ``test_an_unrolled_lstm_still_writes_zeros_before_the_last_step``."""
-    modules = []
-    for module in network:
-        if isinstance(module, LSTMModule):
-            states = [key if isinstance(key, str) else key[-1] for key in module.in_keys[1:3]]
-            module = LSTMModule(
-                lstm=module.lstm,
-                in_keys=module.in_keys[:3],
-                out_keys=[module.out_keys[0], *(f"unrolled_{key}" for key in states)],
-            )
-        modules.append(module)
-    return TensorDictSequential(*modules)
 
 
 # -- 5. a batch of envs that changes the thread count when it closes ----------------------
@@ -554,54 +348,6 @@ class VectorizedSliceSampler(PrioritizedSliceSampler):
         return {**super().__getstate__(), "_starts": None}
 
 
-# -- 11. hindsight relabelling -------------------------------------------------------------
-
-
-class HERSampling(HERReplayBuffer):
-    """TorchRL's ``HERReplayBuffer``, its sampling steps under public names for the
-    relabelling of :mod:`rl_app.replay.hindsight` (which overrides :meth:`sample_relabelled`),
-    and one of its behaviours changed:
-
-    It rebuilds its table of episode ends when the storage changed, which it tells by a key
-    holding the storage's private ``_last_cursor``: a tensor of slots after any ``extend``.
-    Once the storage is full the lengths in two keys are equal and Python compares the
-    tensors, which raises ("Boolean value of Tensor with more than one value is
-    ambiguous"); and a cursor that comes round to the same slots would keep a stale table.
-    Here the key is the storage's length and the writer's count of writes, which grows with
-    every one (private ``_storage_cache_key``). Test:
-    ``test_a_full_her_buffer_still_fails_to_compare_its_cache_key``."""
-
-    def _storage_cache_key(self, storage: Any) -> tuple:
-        return (len(storage), self.write_count)
-
-    def _sample(self, batch_size: int) -> tuple[Any, dict]:
-        return self.sample_relabelled(batch_size)
-
-    def sample_relabelled(self, batch_size: int) -> tuple[TensorDictBase, dict]:
-        """Data and info of a sample of ``batch_size``, relabelled: TorchRL's way by
-        default (:meth:`relabelled_per_step`)."""
-        return self.relabelled_per_step(batch_size)
-
-    def relabelled_per_step(self, batch_size: int) -> tuple[TensorDictBase, dict]:
-        """TorchRL's relabelled sample: the first ``her_ratio`` of its records each take a
-        goal of its own, drawn by the strategy."""
-        return super()._sample(batch_size)
-
-    def not_relabelled(self, batch_size: int) -> tuple[TensorDictBase, dict]:
-        """A sample as a plain buffer draws it, with the info TorchRL writes over it."""
-        return super(HERReplayBuffer, self)._sample(batch_size)
-
-    def episode_ends(self) -> torch.Tensor:
-        """The slots where stored episodes end, in storage order."""
-        return self._get_episode_ends(self.storage)
-
-    def goal_sources(self, index: torch.Tensor, episode_ends: torch.Tensor) -> torch.Tensor:
-        """For each stored step at ``index``, the slot whose achieved goal becomes its goal,
-        drawn by the strategy within its episode (``episode_ends``: :meth:`episode_ends`)."""
-        starts, last = self._get_episode_range(index, episode_ends)
-        return self._sample_goal_indices(index, starts, last, len(self.storage))
-
-
 # -- 12. what a buffer keeps per slot ------------------------------------------------------
 
 # What TorchRL 0.14.1 keeps per slot of the buffer (rl_app.fit counts it; measured:
@@ -616,79 +362,3 @@ GENERATION_BYTES = 8
 # trees first (TorchRL's state_dict), then reads the leaves out, next to a copy of the
 # generations.
 TREE_LEAF_BYTES = 8
-
-
-# -- 13. the RPC collector on local processes and SLURM jobs -----------------------------
-
-# TorchRL's RPC collector names worker i's RPC node "COLLECTOR_NODE_{i + 1}" (the learner is
-# rank 0), and RPC re-raises a worker's error with the worker named in its message, the
-# worker's own error on the next line. Test: ``test_an_rpc_worker_error_still_names_its_node``.
-RPC_WORKER_NODE = re.compile(r"COLLECTOR_NODE_(\d+)\):\n(.*)")
-
-
-def rpc_worker_of(error: BaseException) -> tuple[int, str] | None:
-    """The index of the RPC collector worker ``error`` came from and its own error, if it
-    names one."""
-    found = RPC_WORKER_NODE.search(str(error))
-    return (int(found.group(1)) - 1, found.group(2)) if found else None
-
-
-def undo_rpc_trajectory_id_shift(ids: torch.Tensor, workers: int) -> torch.Tensor:
-    """A sync RPC batch's trajectory ids as its workers wrote them.
-
-    TorchRL concatenates the workers' batches (in the order they finish) and then shifts
-    what it takes for worker ``i``'s ids, ``ids[i]``, by ``ids[i - 1].max()``: on the
-    concatenated frames that adds frame ``i - 1``'s id to frame ``i``, for the first
-    ``workers`` frames. Test: ``test_rpc_collector_still_shifts_the_first_frames_ids``."""
-    ids = ids.clone()
-    ids[:workers] = undo_trajectory_id_shifts(ids[:workers])
-    return ids
-
-
-def free_local_port() -> int:
-    """A TCP port free on this machine now, for the RPC collector's rendezvous (TorchRL's
-    own default, 10003, is one port for every run on the machine)."""
-    return _find_free_port()
-
-
-class LaunchedRPCCollector(RPCCollector):
-    """TorchRL's ``RPCCollector`` on local processes (``executor=None``: its ``mp``
-    launcher), or on SLURM jobs submitted with a given ``executor``, which join the learner
-    at ``address``; it runs until stopped. ``jobs`` holds the processes or jobs.
-
-    TorchRL 0.14.1's submitit launcher takes its own executor (a ``./log_test`` folder, no
-    SLURM resources) and the host name's address: here the jobs are submitted as its
-    ``submitit_delayed`` launcher expects them, already running, with TorchRL's own worker
-    entry point. Test: ``test_rpc_collector_still_starts_its_nodes_with_this_entry_point``."""
-
-    def __init__(self, *, executor: Any = None, address: str = "localhost", **kwargs: Any) -> None:
-        self.executor = executor
-        self.address = address
-        launcher = "mp" if executor is None else "submitit_delayed"
-        super().__init__(launcher=launcher, total_frames=UNBOUNDED_FRAMES, **kwargs)
-
-    def _init_worker_rpc(self, executor: Any, i: int) -> Any:
-        if self.executor is None:
-            return super()._init_worker_rpc(executor, i)
-        return self.executor.submit(
-            torchrl_rpc._rpc_init_collection_node,
-            i + 1,
-            self.address,
-            self.tcp_port,
-            self.num_workers + 1,
-            None,
-            self.tensorpipe_options,
-            self.backend,
-            self._VERBOSE,
-        )
-
-
-def rpc_started_in_this_process() -> bool:
-    """Whether this process has joined an RPC group before.
-
-    torch 2.14.1 prefixes a group's rendezvous keys with a count of the process's
-    ``init_rpc`` calls, and numbers its all-gathers per process: a process that already ran
-    an RPC collector starts a second with keys and numbers its fresh workers never use, and
-    waits for them for ever (resetting both counts gets it started, then its shutdown waits
-    for ever). Test: ``test_a_second_rpc_group_in_a_process_still_uses_other_keys``."""
-    return rpc_api._init_counter > 0

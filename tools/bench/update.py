@@ -61,7 +61,7 @@ def update_step(overrides: list[str], inductor_split: bool = False) -> Callable[
     env = make_env(config.env, config.seed)
     algorithm = make_algorithm(config, env, torch.device("cpu"))
     if inductor_split:
-        algorithm.compute_losses = torch.compile(algorithm.loss, options={"fallback_random": True})
+        algorithm.loss.compile(options={"fallback_random": True})
     play = random_play(env, UPDATE_PLAY_FRAMES)
     with tempfile.TemporaryDirectory() as scratch:
         buffer = make_replay_buffer(config.replay, Path(scratch), config.seed)
@@ -205,7 +205,9 @@ def as_before(algorithm: Algorithm, pad: int) -> Callable[[Any], Any]:
     def update(batch: Any) -> Any:
         for key in STACKS if pad else ():
             batch[key] = gather_shift(batch[key], pad)
-        return Algorithm.update(algorithm, batch)  # the update without DQN's own shift
+        metrics = algorithm.gradient_step(batch)  # the step without DQN's own shift
+        algorithm.target_updater.step()
+        return metrics
 
     return update
 
