@@ -285,7 +285,15 @@ def sac_backward(compiled: str) -> tuple[set[torch.dtype], list[torch.Tensor]]:
     """One backward pass of a small SAC loss on a Pendulum rollout, compiled as
     ``LOSS_COMPILES[compiled]`` says: the dtypes the loss saved for its backward, and the
     gradient of every parameter."""
-    config = load_config("default", ["network.hidden_sizes=[32,32]", "optim.batch_size=64"])
+    # The loss of a compiled run (vmapped Q-nets), left uncompiled by the algorithm: the test
+    # compiles it.
+    overrides = [
+        "network.hidden_sizes=[32,32]",
+        "optim.batch_size=64",
+        "optim.compile=false",
+        "sac.vmap_qnets=true",
+    ]
+    config = load_config("default", overrides)
     env = make_env(config.env, seed=0)
     torch.manual_seed(0)
     algorithm = make_algorithm(config, env, torch.device("cpu"))
