@@ -145,9 +145,6 @@ class RunCheckpoints:
         )
         self.saved_at = time.monotonic()  # of the last save, or of the run's start here
 
-    def seconds_since_save(self) -> float:
-        return time.monotonic() - self.saved_at
-
     def save(self, frames: int, eval_return: float | None) -> Path:
         """Save, rotate, and return the new checkpoint's path (``eval_return``: the
         evaluation just made, or None); start its replay journal and delete the journals

@@ -173,7 +173,8 @@ def run_iterations(
             progress.frames += batch.numel()
             progress.iterations += 1
             progress.episodes += episodes_ended(batch)
-            algorithm.after_collect(batch.numel())
+            if algorithm.exploration is not None:
+                algorithm.exploration.step(batch.numel())
             with phases("extending the buffer"):
                 buffer.extend(batch)
 
@@ -243,7 +244,8 @@ def end_iteration(
         with phases("logging"):
             run.logger.log(progress.frames, metrics)
     interval_s = 60 * run.config.checkpoint.interval_minutes
-    if stop.requested or EVAL_KEY in metrics or run.checkpoints.seconds_since_save() >= interval_s:
+    since_save_s = time.monotonic() - run.checkpoints.saved_at
+    if stop.requested or EVAL_KEY in metrics or since_save_s >= interval_s:
         with phases("saving a checkpoint"), stop.saving():
             save_checkpoint(run, metrics.get(EVAL_KEY))
     if progress.owed_eval is not None and stop.allows(owed_evaluation_seconds(phases)):

@@ -72,7 +72,7 @@ def test_greedy_evaluation_ignores_exploration(tmp_path: Path) -> None:
     run = build_run(config)
     try:
         policy = run.algorithm.policy
-        run.algorithm.after_collect(0)  # epsilon 1: every collected action is random
+        run.algorithm.exploration.step(0)  # epsilon 1: every collected action is random
         observation = torch.randn(512, 4)
         with set_exploration_type(ExplorationType.DETERMINISTIC):
             greedy = policy(TensorDict({"observation": observation}, [512]))

@@ -7,8 +7,14 @@ import ast
 import re
 import shutil
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
+from rl_app.config import Config
+from rl_app.run import train
 from tests.helpers import PYTHON, ROOT, TINY_RUN
 
 PACKAGE = ROOT / "rl_app"
@@ -145,6 +151,45 @@ def test_deleting_every_plugin_leaves_a_core_that_trains_the_default_preset(
     assert "best eval return" in trained.stdout
     helped = train("--help")
     assert "algo=sac  (sac (continuous actions))" in helped.stdout, helped.stderr
+
+
+def files_each_iteration_enters(config: Config) -> list[set[str]]:
+    """Train ``config`` in this process and return, per iteration of the loop, the
+    ``rl_app`` files outside ``upstream/`` whose code ran in it (an iteration starts where
+    the loop enters its "collecting" phase)."""
+    per_iteration: list[set[str]] = [set()]
+    upstream = str(PACKAGE / "upstream")
+    collecting: list[FrameType] = []  # the phase's frame, entered again when it ends
+
+    def profile(frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        path = frame.f_code.co_filename
+        if frame.f_code.co_name == "__call__" and frame.f_locals.get("phase") == "collecting":
+            if frame not in collecting:
+                collecting[:] = [frame]
+                per_iteration.append(set())
+        if path.startswith(str(PACKAGE)) and not path.startswith(upstream):
+            per_iteration[-1].add(Path(path).relative_to(ROOT).as_posix())
+
+    sys.setprofile(profile)
+    try:
+        train(config)
+    finally:
+        sys.setprofile(None)
+    return per_iteration[1:]
+
+
+def test_one_default_iteration_enters_the_files_the_readme_tour_names(
+    tiny_config: Callable[..., Config],
+) -> None:
+    # Iteration 3 of 6: it updates (from 400 frames on), and neither evaluates nor saves.
+    config = tiny_config("eval.interval_frames=1000")
+    entered = files_each_iteration_enters(config)[2]
+    tour = (ROOT / "README.md").read_text().split("## A tour of the package")[1]
+    listed = re.findall(r"^- `(rl_app/[\w/]+\.py)`", tour.split("\n\n|")[0], re.MULTILINE)
+    assert entered == set(listed), f"one iteration entered {sorted(entered)}"
+    assert "rl_app/algorithms/sac.py" in entered and "rl_app/run.py" not in entered
 
 
 def test_the_core_imports_no_scale_out_module_but_through_its_doors() -> None:

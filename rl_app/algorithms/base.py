@@ -29,6 +29,7 @@ from tensordict import TensorDictBase
 from tensordict.nn import CudaGraphModule, TensorDictModuleBase
 from torchrl.data import TensorSpec
 from torchrl.envs import EnvBase
+from torchrl.modules import EGreedyModule
 from torchrl.objectives import LossModule, ValueEstimators
 
 from rl_app.config import Config, OptimConfig, ReplayConfig
@@ -89,6 +90,10 @@ class Algorithm(abc.ABC):
     optimizer: torch.optim.Optimizer
     #: The learner's device: where every tensor an update reads lives.
     device: torch.device
+    #: The TorchRL exploration module of ``policy`` whose schedule the loop advances by the
+    #: frames collected (``step(frames)``: DQN's annealed epsilon); None where the policy
+    #: explores by itself.
+    exploration: EGreedyModule | None = None
     #: Whether sampled goals are relabelled in hindsight (``replay.her_ratio``).
     relabels_goals: bool = False
     #: Whether its n-step transitions end at a lost life (``env.life_loss_terminal``).
@@ -126,11 +131,6 @@ class Algorithm(abc.ABC):
         under ``PRIORITY_KEY`` (:mod:`rl_app.replay`), the TD error of each step of
         ``batch``, which the loop writes back as new priorities. Put together by
         :func:`accelerate` with ``optim.compile`` and ``optim.cudagraphs``."""
-
-    def after_collect(self, new_frames: int) -> None:
-        """Advance exploration schedules by ``new_frames`` just-collected frames (none by
-        default: a stochastic policy explores by itself)."""
-        return
 
     def recurrent_states(self, sequences: TensorDictBase) -> TensorDictBase | None:
         """The recurrent state each record of the sampled ``[sequences, steps]`` would act

@@ -310,9 +310,6 @@ class DQN(Algorithm):
         self.optimizer.step()
         return losses.detach().set(PRIORITY_KEY, batch[PRIORITY_KEY])
 
-    def after_collect(self, new_frames: int) -> None:
-        self.exploration.step(new_frames)
-
     @torch.no_grad()
     def recurrent_states(self, sequences: TensorDictBase) -> TensorDictBase | None:
         if not self._recurrent:
