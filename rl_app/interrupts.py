@@ -39,7 +39,6 @@ class StopRequest:
         usr2_grace_s: float | None = None,
     ) -> None:
         self.reason: str | None = None
-        self.requested = False  # whether a stop was asked for (then ``reason`` says why)
         self.unsaved = unsaved
         # SIGUSR2 comes this long before the process is killed (a SLURM job's signal delay):
         # its deadline, when it came.
@@ -50,10 +49,13 @@ class StopRequest:
         self._stop_after_save = False
         self._abandon = False  # a stop came since the abandonable work in progress began
 
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
     def request(self, reason: str) -> None:
         """A stop asked for by the program itself (e.g. a sweep pruning the run)."""
         self.reason = reason
-        self.requested = True
 
     @contextmanager
     def installed(self) -> Iterator[StopRequest]:
@@ -125,7 +127,6 @@ class StopRequest:
         if signum == signal.SIGUSR2 and self.usr2_grace_s is not None and self.deadline is None:
             self.deadline = time.monotonic() + self.usr2_grace_s
         self.reason = signal.Signals(signum).name
-        self.requested = True
         self._abandon = True
 
 

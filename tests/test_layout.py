@@ -158,7 +158,7 @@ def files_each_iteration_enters(config: Config) -> list[set[str]]:
     ``rl_app`` files outside ``upstream/`` whose code ran in it (an iteration starts where
     the loop enters its "collecting" phase)."""
     per_iteration: list[set[str]] = [set()]
-    upstream = str(PACKAGE / "upstream")
+    package, upstream = str(PACKAGE), str(PACKAGE / "upstream")
     collecting: list[FrameType] = []  # the phase's frame, entered again when it ends
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
@@ -169,7 +169,7 @@ def files_each_iteration_enters(config: Config) -> list[set[str]]:
             if frame not in collecting:
                 collecting[:] = [frame]
                 per_iteration.append(set())
-        if path.startswith(str(PACKAGE)) and not path.startswith(upstream):
+        if path.startswith(package) and not path.startswith(upstream):
             per_iteration[-1].add(Path(path).relative_to(ROOT).as_posix())
 
     sys.setprofile(profile)
