@@ -84,6 +84,30 @@ def test_workers_act_with_the_weights_the_learner_sent(tiny_config, mode: str) -
         assert (versions.diff() >= 0).all()
 
 
+def test_a_push_to_one_worker_leaves_the_other_workers_weights_alone(tiny_config) -> None:
+    # TorchRL hands workers on one device one shared copy of the initial weights: a worker
+    # applying a push would rewrite the weights another worker is acting with.
+    config = tiny_config("collector.mode=sync", *MP_RUN)
+    with acting_collector(config) as (algorithm, collector):
+        WeightSync(collector, algorithm, config.env.name)  # version 1, to both workers
+        snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
+        collected = []
+        for index, batch in enumerate(collector):
+            collected.append(batch)
+            if index == 1:
+                with torch.no_grad():
+                    for parameter in algorithm.policy.parameters():
+                        parameter.add_(0.05 * torch.randn_like(parameter))
+                collector.update_policy_weights_(algorithm.policy, worker_ids=[0])
+                snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
+            if index == 5:
+                break
+    after_push = torch.cat(collected[3:], dim=1)  # (workers, frames)
+    versions = [actor_version(frames, snapshots, algorithm.policy) for frames in after_push]
+    assert (versions[0] == 2).all()
+    assert (versions[1] == 1).all()
+
+
 def test_policy_lag_is_learner_version_minus_the_stalest_frame() -> None:
     batch = TensorDict(
         {

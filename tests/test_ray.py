@@ -6,7 +6,10 @@ about 800 MB), as a process that already joined one does."""
 
 from __future__ import annotations
 
+import glob
+import os
 import re
+import signal
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -18,6 +21,7 @@ import torch
 
 from rl_app.checkpointing import choose_checkpoint
 from rl_app.checks import machine_cpus
+from rl_app.collection import WeightSync
 from rl_app.collection.ray import ActorStopped, connect_ray
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed
@@ -105,6 +109,29 @@ def test_a_killed_actor_is_named(shared_ray, tiny_config) -> None:
         ray.kill(collector.remote_collectors[1])
         with pytest.raises(ActorStopped, match=r"collector worker 1 \(Ray actor\)"):
             next(batches)
+
+
+def test_an_actor_killed_between_batches_is_named_by_the_next_weight_push(
+    shared_ray, tiny_config
+) -> None:
+    config = tiny_config(*ACTING_RUN)
+    with acting_collector(config) as (algorithm, collector):
+        weight_sync = WeightSync(collector, algorithm, config.env.name)
+        next(iter(collector))
+        actor = collector.remote_collectors[1]
+        pid = ray.get(actor.__ray_call__.remote(lambda collector: os.getpid()))
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ActorStopped) as stopped:
+            weight_sync.push()
+    named = re.fullmatch(
+        rf"collector worker 1 \(Ray actor\) of env Pendulum-v1 stopped: its process ended "
+        rf"\(pid {pid} on (\S+), worker exit type SYSTEM_ERROR\); its log: (\S+) on (\S+)",
+        str(stopped.value),
+    )
+    assert named is not None, str(stopped.value)
+    node, log, log_node = named.groups()
+    assert node == log_node == ray.util.get_node_ip_address()
+    assert len(glob.glob(log)) == 1  # the killed actor's own log, on this machine
 
 
 def test_an_actor_that_fails_stops_the_run_cleanly(shared_ray, tiny_config) -> None:

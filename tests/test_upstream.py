@@ -113,7 +113,8 @@ def test_time_limit_still_counts_steps_in_a_private_attribute() -> None:
 
 def test_weight_sync_receiver_steps_are_still_private_hooks() -> None:
     # GuardedWeightSyncScheme overrides these with the same signatures...
-    for name in ("_wait_for_instruction", "_send_ack", "_wait_for_ack"):
+    hooks = ("_wait_for_instruction", "_send_ack", "_wait_for_ack")
+    for name in (*hooks, "_setup_connection_and_weights_on_receiver_impl"):
         ours = inspect.signature(getattr(GuardedWeightSyncScheme, name))
         theirs = inspect.signature(getattr(MultiProcessWeightSyncScheme, name))
         assert list(ours.parameters) == list(theirs.parameters), name
@@ -121,6 +122,20 @@ def test_weight_sync_receiver_steps_are_still_private_hooks() -> None:
     loop = inspect.getsource(MultiProcessWeightSyncScheme._background_receive_loop)
     assert "self._wait_for_instruction()" in loop
     assert "self._send_ack(" in loop
+
+
+def test_weight_sync_still_gives_workers_on_one_device_one_copy_of_the_weights() -> None:
+    # GuardedWeightSyncScheme gives each worker its own copy when it connects.
+    first_weights = TensorDict({"weight": torch.zeros(3)}, [])
+    cpu = torch.device("cpu")
+    per_worker = MultiProcessWeightSyncScheme()._get_params_map(
+        weights=first_weights, devices=[cpu, cpu]
+    )
+    assert per_worker[0]["weight"].data_ptr() == per_worker[1]["weight"].data_ptr()
+    connect = inspect.getsource(
+        MultiProcessWeightSyncScheme._setup_connection_and_weights_on_receiver_impl
+    )
+    assert "inplace=False" in connect
 
 
 def test_weight_sync_still_waits_for_acks_without_a_limit() -> None:

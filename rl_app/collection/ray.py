@@ -46,6 +46,7 @@ from rl_app.rundir import REPLAY_DIR
 from rl_app.upstream.ray import (
     TruthfulCollector,
     actor_id,
+    how_it_died,
     quiet_construction_warnings,
     service_buffer,
     warm_up_frames,
@@ -71,6 +72,10 @@ def connect_ray(address: str | None) -> bool:
             address="local", num_cpus=machine_cpus(), include_dashboard=False, log_to_driver=False
         )
     return True
+
+
+# How long the actors are given to answer when a failure may have come from a dead one.
+DEAD_ACTOR_ANSWER_S = 10.0
 
 
 class ActorStopped(RuntimeError):
@@ -199,7 +204,27 @@ class RayCollection(RayCollector):
             if error.actor_id not in self.actor_ids:
                 raise
             index = self.actor_ids.index(error.actor_id)
-            raise ActorStopped(index, self.env_name, "its process ended") from error
+            raise ActorStopped(index, self.env_name, how_it_died(error)) from error
+        except RuntimeError as error:  # gloo's "Connection closed by peer", in a weight push
+            dead = self.dead_actor()
+            if dead is None:
+                raise
+            index, death = dead
+            raise ActorStopped(index, self.env_name, how_it_died(death)) from error
+
+    def dead_actor(self) -> tuple[int, RayActorError] | None:
+        """The index of an actor that has died, and Ray's error, or None if none answers
+        as dead within ``DEAD_ACTOR_ANSWER_S``. Each actor is asked for its stored frames:
+        a dead one answers at once, a live one after its batch in progress."""
+        answers = [actor.stored_frames.remote() for actor in self.remote_collectors]
+        done, _ = ray.wait(answers, num_returns=len(answers), timeout=DEAD_ACTOR_ANSWER_S)
+        for index, answer in enumerate(answers):
+            if answer in done:
+                try:
+                    ray.get(answer)
+                except RayActorError as death:
+                    return index, death
+        return None
 
     def shutdown(self, timeout: float | None = None, shutdown_ray: bool = False) -> None:
         try:

@@ -4,12 +4,15 @@ of their behaviours (the index is in :mod:`rl_app.upstream`). Imported only by
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import ray
 from ray.actor import ActorHandle
+from ray.exceptions import RayActorError
 from torchrl.collectors import Collector
 from torchrl.data import ReplayBuffer
 
@@ -22,6 +25,31 @@ def actor_id(actor: ActorHandle) -> str:
     """The hex id of ``actor``, as Ray's errors name it: a handle keeps it in the private
     ``_actor_id``. Test: ``test_ray_handles_still_keep_their_hex_id_in_a_private_attribute``."""
     return actor._actor_id.hex()
+
+
+def how_it_died(error: RayActorError) -> str:
+    """Where a dead actor ran and why it ended, from the text of Ray's error (Ray 2.60
+    exposes neither as attributes): e.g. ``its process ended (pid 508 on 192.0.2.2, worker
+    exit type SYSTEM_ERROR); its log: <Ray's logs>/worker-*-508.err on 192.0.2.2``. A
+    process killed by a signal reads as SYSTEM_ERROR: Ray does not record the signal.
+    Test: ``test_an_actor_killed_between_batches_is_named_by_the_next_weight_push``."""
+    text = str(error)
+    pid = re.search(r"^\s*pid: (\d+)$", text, re.MULTILINE)
+    node = re.search(r"^\s*ip: (\S+)$", text, re.MULTILINE)
+    exit_type = re.search(r"Worker exit type: (\w+)", text)
+    if pid is None or node is None:
+        return f"its process ended ({text.splitlines()[0]})"
+    where = f"pid {pid[1]} on {node[1]}"
+    if exit_type is not None:
+        where += f", worker exit type {exit_type[1]}"
+    log = f"{ray_logs_dir()}/worker-*-{pid[1]}.err on {node[1]}"
+    return f"its process ended ({where}); its log: {log}"
+
+
+def ray_logs_dir() -> str:
+    """The log directory of this Ray session (each node keeps its workers' logs under the
+    same path): private to Ray's node object."""
+    return ray._private.worker.global_worker.node.get_logs_dir_path()
 
 
 class TruthfulCollector(Collector):

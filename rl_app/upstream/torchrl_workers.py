@@ -26,15 +26,30 @@ ACK_TIMEOUT_S = 60.0
 
 
 class GuardedWeightSyncScheme(MultiProcessWeightSyncScheme):
-    """TorchRL's multi-process weight sync, applying each update under ``_WEIGHTS_LOCK`` and
-    waiting at most ``ACK_TIMEOUT_S`` for workers to acknowledge it.
+    """TorchRL's multi-process weight sync, applying each update under ``_WEIGHTS_LOCK`` to
+    weights each worker holds alone, and waiting at most ``ACK_TIMEOUT_S`` for workers to
+    acknowledge it.
 
     It hooks the two steps TorchRL's background receiver loop takes around an update (the
-    loop has no public hook); an update that fails midway releases the lock at the loop's
-    next wait. Tests: ``test_weight_sync_receiver_steps_are_still_private_hooks`` and
+    loop has no public hook) and a worker's connection; an update that fails midway
+    releases the lock at the loop's next wait. Tests:
+    ``test_weight_sync_receiver_steps_are_still_private_hooks``,
+    ``test_weight_sync_still_gives_workers_on_one_device_one_copy_of_the_weights`` and
     ``test_weight_sync_still_waits_for_acks_without_a_limit``."""
 
     _holding_lock = False
+
+    def _setup_connection_and_weights_on_receiver_impl(
+        self, *, worker_idx: int | None = None
+    ) -> None:
+        # TorchRL hands the workers on one device the same shared-memory copy of the first
+        # weights and points each worker's policy at it: one worker applying a push would
+        # rewrite the weights another is acting with. Each worker takes its own copy before
+        # its receiver thread can apply a push.
+        with _WEIGHTS_LOCK:
+            super()._setup_connection_and_weights_on_receiver_impl(worker_idx=worker_idx)
+            for tensor in (*self.model.parameters(), *self.model.buffers()):
+                tensor.data = tensor.data.clone()
 
     def _wait_for_instruction(self, timeout: float | None = None) -> str | None:
         self._release_lock()
