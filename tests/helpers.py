@@ -129,15 +129,20 @@ def collect_around_a_push(
     for index, batch in enumerate(collector):
         collected.append(batch)
         if index == moved_at:
-            with torch.no_grad():  # the learner moves on; the collector must not see it yet
-                for parameter in algorithm.policy.parameters():
-                    parameter.add_(0.05 * torch.randn_like(parameter))
+            move_on(algorithm.policy)  # the collector must not see it yet
         if index == pushed_at:
             weight_sync.push()  # version 2
             snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
         if index == batches - 1:
             return collected, snapshots
     raise AssertionError("unreachable: collectors run until stopped")
+
+
+def move_on(policy) -> None:
+    """Change ``policy``'s weights in place, as a learner's update does."""
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
 
 
 def actor_version(batch: TensorDict, snapshots: dict, policy) -> torch.Tensor:

@@ -23,7 +23,13 @@ from rl_app.loop import Progress, RunFailed, iteration_metrics
 from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY, make_replay_buffer, write_priorities
 from rl_app.run import train
 from tests import faulty_envs
-from tests.helpers import acting_collector, actor_version, child_processes, collect_around_a_push
+from tests.helpers import (
+    acting_collector,
+    actor_version,
+    child_processes,
+    collect_around_a_push,
+    move_on,
+)
 
 # Batches of 130 frames straddle episode ends (200 steps) for the first 2,600 frames of a
 # worker, so consecutive batches of one worker share a trajectory.
@@ -95,9 +101,7 @@ def test_a_push_to_one_worker_leaves_the_other_workers_weights_alone(tiny_config
         for index, batch in enumerate(collector):
             collected.append(batch)
             if index == 1:
-                with torch.no_grad():
-                    for parameter in algorithm.policy.parameters():
-                        parameter.add_(0.05 * torch.randn_like(parameter))
+                move_on(algorithm.policy)
                 collector.update_policy_weights_(algorithm.policy, worker_ids=[0])
                 snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
             if index == 5:
@@ -263,9 +267,7 @@ def test_a_compiled_policy_acts_as_the_learners_policy(tiny_config) -> None:
     )
     with acting_collector(config) as (algorithm, collector):
         first = next(iter(collector)).reshape(-1)
-        with torch.no_grad():  # the learner's update, seen by the compiled direct policy
-            for parameter in algorithm.policy.parameters():
-                parameter.add_(0.05 * torch.randn_like(parameter))
+        move_on(algorithm.policy)  # seen by the compiled direct policy
         second = next(iter(collector)).reshape(-1)
     weights = {1: copy.deepcopy(algorithm.policy.state_dict())}
     assert (actor_version(second, weights, algorithm.policy) == 1).all()

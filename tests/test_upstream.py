@@ -113,8 +113,12 @@ def test_time_limit_still_counts_steps_in_a_private_attribute() -> None:
 
 def test_weight_sync_receiver_steps_are_still_private_hooks() -> None:
     # GuardedWeightSyncScheme overrides these with the same signatures...
-    hooks = ("_wait_for_instruction", "_send_ack", "_wait_for_ack")
-    for name in (*hooks, "_setup_connection_and_weights_on_receiver_impl"):
+    for name in (
+        "_wait_for_instruction",
+        "_send_ack",
+        "_wait_for_ack",
+        "_setup_connection_and_weights_on_receiver_impl",
+    ):
         ours = inspect.signature(getattr(GuardedWeightSyncScheme, name))
         theirs = inspect.signature(getattr(MultiProcessWeightSyncScheme, name))
         assert list(ours.parameters) == list(theirs.parameters), name
