@@ -8,6 +8,7 @@ import copy
 import multiprocessing
 import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from rl_app.checkpointing import choose_checkpoint
-from rl_app.collection import WeightSync, ended_worker
+from rl_app.collection import WeightSync, WorkerDied, ended_worker, naming_dead_workers
 from rl_app.config import ReplayConfig
 from rl_app.logger import read_metrics
 from rl_app.loop import Progress, RunFailed, iteration_metrics
@@ -208,7 +209,8 @@ def test_a_failing_worker_stops_the_run_cleanly(tiny_config, env: str) -> None:
         "collector.total_frames=4000",
     )
     with pytest.raises(
-        RunFailed, match=r"while collecting .* worker \d \(exit code 1\)"
+        RunFailed,
+        match=r"while collecting .* worker \d \(worker process, pid \d+\) .*: exit code 1;",
     ) as failure:
         train(config)
     message = str(failure.value)
@@ -219,23 +221,48 @@ def test_a_failing_worker_stops_the_run_cleanly(tiny_config, env: str) -> None:
     assert child_processes() == before
 
 
+@pytest.mark.parametrize("phase", ["collecting", "pushing"])
+def test_a_killed_worker_is_named_with_its_pid_and_signal(tiny_config, phase: str) -> None:
+    config = tiny_config("collector.mode=async", *MP_RUN)
+    with acting_collector(config) as (algorithm, collector):
+        weight_sync = WeightSync(collector, algorithm, config.env.name)
+        batches = iter(collector)
+        next(batches)
+        worker = collector.procs[1]
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join()
+        with pytest.raises(WorkerDied) as died:
+            if phase == "pushing":
+                weight_sync.push()
+            with naming_dead_workers(collector, config.env.name):
+                for _ in batches:  # the batches already waiting, then the dead worker
+                    pass
+    assert str(died.value).startswith(
+        f"collector worker 1 (worker process, pid {worker.pid}) of env Pendulum-v1 stopped: "
+        "killed by SIGKILL;"
+    )
+
+
 def test_the_worker_named_is_one_that_ended_by_itself() -> None:
-    # As TorchRL leaves them after a worker failed: the others terminated, some closed.
+    # As TorchRL leaves them after a worker failed: the others shut down (exit code 0),
+    # terminated or closed.
     context = multiprocessing.get_context("spawn")
-    closed, terminated, failed = (
+    closed, shut_down, terminated, failed = (
         context.Process(target=time.sleep, args=(60,)),
+        context.Process(target=os._exit, args=(0,)),
         context.Process(target=time.sleep, args=(60,)),
         context.Process(target=os._exit, args=(1,)),
     )
-    for process in (closed, terminated, failed):
+    for process in (closed, shut_down, terminated, failed):
         process.start()
-    failed.join()
+    for process in (shut_down, failed):
+        process.join()
     for process in (closed, terminated):
         process.terminate()
         process.join()
     closed.close()
-    assert ended_worker([closed, terminated, failed], timeout=60) == (2, 1)
-    assert ended_worker([closed, terminated], timeout=60) == (1, -15)
+    assert ended_worker([closed, shut_down, terminated, failed], timeout=60) == (3, failed)
+    assert ended_worker([closed, terminated], timeout=60) == (1, terminated)
 
 
 def test_a_batch_of_envs_keeps_each_envs_trajectories_apart_and_trains(tiny_config) -> None:

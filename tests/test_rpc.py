@@ -111,7 +111,8 @@ def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
         if run.poll() is None:
             run.kill()
     assert run.returncode == 1, stderr
-    assert "collector worker 1 (exit code -9) of env Pendulum-v1 stopped" in stderr
+    killed = f"collector worker 1 (worker process, pid {workers[1]}) of env Pendulum-v1 stopped"
+    assert f"{killed}: killed by SIGKILL" in stderr
     named = Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1))
     verify_checkpoint(named)
     assert named in checkpoint_candidates(run_dir / "checkpoints")

@@ -115,11 +115,19 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
 class WorkerDied(RuntimeError):
     """A collector worker process stopped."""
 
-    def __init__(self, index: int, exitcode: int | None, env_name: str) -> None:
+    def __init__(self, index: int, process: BaseProcess, env_name: str) -> None:
         super().__init__(
-            f"collector worker {index} (exit code {exitcode}) of env {env_name} stopped; "
-            "its traceback is printed above"
+            f"collector worker {index} (worker process, pid {process.pid}) of env {env_name} "
+            f"stopped: {how_it_exited(process.exitcode)}; had it raised, its traceback is "
+            "printed above"
         )
+
+
+def how_it_exited(exitcode: int | None) -> str:
+    """A process's exit code in words: ``exit code 1``, ``killed by SIGKILL``."""
+    if exitcode is not None and exitcode < 0:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    return f"exit code {exitcode}"
 
 
 def check_workers(collector: BaseCollector, env_name: str) -> None:
@@ -130,7 +138,7 @@ def check_workers(collector: BaseCollector, env_name: str) -> None:
     every push and every checkpoint."""
     for index, process in enumerate(getattr(collector, "procs", ())):
         if not process.is_alive():
-            raise WorkerDied(index, process.exitcode, env_name)
+            raise WorkerDied(index, process, env_name)
 
 
 # How long a collector that raised is given for one of its workers to end.
@@ -156,10 +164,13 @@ def naming_dead_workers(collector: BaseCollector, env_name: str) -> Iterator[Non
         raise WorkerDied(*ended, env_name) from error
 
 
-def ended_worker(processes: Sequence[BaseProcess], timeout: float) -> tuple[int, int] | None:
-    """(index, exit code) of a worker process that has ended, waiting up to ``timeout``
-    seconds for one to end; ``None`` if none does. TorchRL terminates the others (SIGTERM)
-    once one has died: a worker that ended by itself is named first."""
+def ended_worker(
+    processes: Sequence[BaseProcess], timeout: float
+) -> tuple[int, BaseProcess] | None:
+    """(index, process) of a worker process that has ended, waiting up to ``timeout``
+    seconds for one to end; ``None`` if none does. TorchRL closes the others (exit code 0)
+    or terminates them (SIGTERM) once one has died: a worker that ended otherwise is named
+    first."""
     open_processes = {}
     for index, process in enumerate(processes):
         try:
@@ -174,9 +185,10 @@ def ended_worker(processes: Sequence[BaseProcess], timeout: float) -> tuple[int,
     for index, process in open_processes.items():
         if connection.wait([process.sentinel], 0):  # it has exited
             process.join()  # returns once it is reaped, at once
-            ended.append((index, process.exitcode))
-    by_itself = [worker for worker in ended if worker[1] != -signal.SIGTERM]
-    return (by_itself + ended)[0] if ended else None
+            ended.append((index, process))
+    asked_to_end = (0, -signal.SIGTERM)
+    failed = [worker for worker in ended if worker[1].exitcode not in asked_to_end]
+    return (failed + ended)[0] if ended else None
 
 
 class WeightSync:
