@@ -29,7 +29,13 @@ from torchrl.collectors import BaseCollector
 
 from rl_app.algorithms import Algorithm
 from rl_app.checkpointing import RunCheckpoints, checkpoint_frames
-from rl_app.collection import Devices, WeightSync, check_workers, naming_dead_workers
+from rl_app.collection import (
+    Devices,
+    WeightSync,
+    check_workers,
+    collector_metrics,
+    naming_dead_workers,
+)
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY
 from rl_app.evaluation import evaluate
@@ -200,6 +206,7 @@ def run_iterations(
                 )
                 metrics["train/lr"] = algorithm.optimizer.param_groups[0]["lr"]
                 metrics.update(replay_metrics)
+                metrics.update(collector_metrics(run.collector))
                 refuse_non_finite(metrics, run)
 
             if progress.iterations % config.collector.sync_every == 0:

@@ -6,6 +6,7 @@ about 800 MB), as a process that already joined one does."""
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
 import re
@@ -19,10 +20,16 @@ import pytest
 import ray
 import torch
 
-from rl_app.checkpointing import choose_checkpoint
+from rl_app.checkpointing import (
+    checkpoint_candidates,
+    checkpoint_frames,
+    choose_checkpoint,
+    verify_checkpoint,
+)
 from rl_app.checks import machine_cpus
 from rl_app.collection import WeightSync
-from rl_app.collection.ray import ActorStopped, connect_ray
+from rl_app.collection.ray import ACTOR_START_S, ActorStopped, connect_ray
+from rl_app.config.schema import RayConfig
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed
 from rl_app.replay import TRAJECTORY_KEY
@@ -32,9 +39,11 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     TINY_RUN,
+    TRAIN_PY,
     acting_collector,
     actor_version,
     collect_around_a_push,
+    move_on,
     resume_in_process,
     run_train,
     wait_for,
@@ -101,7 +110,7 @@ def test_actors_act_with_the_weights_the_learner_sent(shared_ray, tiny_config, s
 
 
 def test_a_killed_actor_is_named(shared_ray, tiny_config) -> None:
-    config = tiny_config(*ACTING_RUN)
+    config = tiny_config(*ACTING_RUN, "ray.max_actor_replacements=0")
     with acting_collector(config) as (algorithm, collector):
         collector.update_policy_weights_(algorithm.policy)
         batches = iter(collector)
@@ -111,16 +120,21 @@ def test_a_killed_actor_is_named(shared_ray, tiny_config) -> None:
             next(batches)
 
 
+def kill_actor(actor) -> int:
+    """SIGKILL the process of Ray actor ``actor``; its pid."""
+    pid = ray.get(actor.__ray_call__.remote(lambda collector: os.getpid()))
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
 def test_an_actor_killed_between_batches_is_named_by_the_next_weight_push(
     shared_ray, tiny_config
 ) -> None:
-    config = tiny_config(*ACTING_RUN)
+    config = tiny_config(*ACTING_RUN, "ray.max_actor_replacements=0")
     with acting_collector(config) as (algorithm, collector):
         weight_sync = WeightSync(collector, algorithm, config.env.name)
         next(iter(collector))
-        actor = collector.remote_collectors[1]
-        pid = ray.get(actor.__ray_call__.remote(lambda collector: os.getpid()))
-        os.kill(pid, signal.SIGKILL)
+        pid = kill_actor(collector.remote_collectors[1])
         with pytest.raises(ActorStopped) as stopped:
             weight_sync.push()
     named = re.fullmatch(
@@ -132,6 +146,124 @@ def test_an_actor_killed_between_batches_is_named_by_the_next_weight_push(
     node, log, log_node = named.groups()
     assert node == log_node == ray.util.get_node_ip_address()
     assert len(glob.glob(log)) == 1  # the killed actor's own log, on this machine
+
+
+@pytest.mark.parametrize(
+    "sync, phase", [(True, "collecting"), (False, "collecting"), (False, "pushing")]
+)
+def test_a_replaced_actor_joins_the_weight_sync_of_the_survivors(
+    shared_ray, tiny_config, sync: bool, phase: str
+) -> None:
+    config = tiny_config(*ACTING_RUN, f"ray.sync={sync}")
+    with acting_collector(config) as (algorithm, collector):
+        weight_sync = WeightSync(collector, algorithm, config.env.name)  # version 1
+        snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
+        batches = iter(collector)
+        before = [next(batches) for _ in range(2)]
+        kill_actor(collector.remote_collectors[1])
+        move_on(algorithm.policy)  # not pushed: a new actor acts with version 1
+        if phase == "pushing":
+            weight_sync.push()  # finds the dead actor, replaces it, then pushes version 2
+            snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
+        after = torch.cat([next(batches).reshape(-1) for _ in range(6)])
+        assert collector.metrics() == {"collector/replaced_actors": 1}
+    version = weight_sync.version
+    # Actor 1's frames: the dead one's, in the batches before and perhaps one it had sent
+    # when killed (130 frames: at most one more 200-step Pendulum episode, id + 2), then the
+    # new one's, under ids no dead one used.
+    seen = torch.cat([batch.reshape(-1) for batch in before])[TRAJECTORY_KEY]
+    dead_ids = seen[seen % 2 == 1].max() + 2
+    new_actor = after[(after[TRAJECTORY_KEY] % 2 == 1) & (after[TRAJECTORY_KEY] > dead_ids)]
+    assert len(new_actor) >= 130
+    # It acts with the weights the others have, under their version.
+    assert (new_actor["next", "policy_version"] == version).all()
+    assert (actor_version(new_actor, snapshots, algorithm.policy) == version).all()
+
+
+def collector_actors(pid: int) -> set[int]:
+    """The processes of the collector actors of the Ray that process ``pid`` started (its
+    raylet's children)."""
+    parents, titles = {}, {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            titles[int(entry.name)] = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+
+    def descends(process: int) -> bool:
+        while process > 1:
+            process = parents.get(process, 0)
+            if process == pid:
+                return True
+        return False
+
+    return {
+        process
+        for process, title in titles.items()
+        if title.startswith(b"ray::ActorCollector") and descends(process)
+    }
+
+
+def saved_after_replacing(run_dir: Path) -> bool:
+    """Whether a checkpoint was saved after an iteration that logged a replaced actor."""
+    rows = read_metrics(run_dir)
+    replaced = [row["frames"] for row in rows if row["collector/replaced_actors"] == 1]
+    saved = [checkpoint_frames(path) for path in checkpoint_candidates(run_dir / "checkpoints")]
+    return bool(replaced) and max(saved) >= replaced[0]
+
+
+def test_a_killed_actor_is_replaced_until_it_keeps_dying_and_the_run_resumes(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [*TINY_RUN, *RAY_RUN, f"run_dir={run_dir}", "ray.max_actor_replacements=1"]
+    # Far more frames than the run collects before its second kill: it cannot end first.
+    run = subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *args, "collector.total_frames=1000000"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
+        wait_for("two actors", lambda: len(collector_actors(run.pid)) == 2, 60)
+        first = collector_actors(run.pid)
+        os.kill(min(first), signal.SIGKILL)
+        new = wait_for("a new actor", lambda: collector_actors(run.pid) - first, 120)
+        wait_for("a checkpoint after the replacement", lambda: saved_after_replacing(run_dir), 120)
+        os.kill(min(new), signal.SIGKILL)
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, stderr
+    assert f"pid {min(first)} on" in stderr and "a new actor takes its place" in stderr
+    assert re.search(
+        rf"collector worker \d \(Ray actor\) of env Pendulum-v1 stopped: its process ended "
+        rf"\(pid {min(new)} on .*; a new actor took its place 1 times already, as many as "
+        r"ray.max_actor_replacements=1 allows",
+        stderr,
+    ), stderr
+    named = Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1))
+    verify_checkpoint(named)
+    rows = read_metrics(run_dir)
+    # Every iteration logged once, the policy versions going on across the replacement.
+    assert [row["frames"] for row in rows] == list(range(200, rows[-1]["frames"] + 1, 200))
+    assert all(0 <= row["collector/policy_lag"] <= 1 for row in rows)
+    assert max(row["collector/replaced_actors"] for row in rows) == 1
+    end = rows[-1]["frames"] + 400
+
+    resumed = run_train(tmp_path, *args, f"collector.total_frames={end}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [row["frames"] for row in read_metrics(run_dir)] == list(range(200, end + 1, 200))
+
+
+def test_the_docs_state_the_replacement_settings_the_code_has() -> None:
+    doc = " ".join((ROOT / "docs" / "scale-out.md").read_text().split())
+    default = RayConfig().max_actor_replacements
+    assert f"up to `ray.max_actor_replacements` times (default {default})" in doc
+    assert f"(replacement 1 of at most {default})" in doc
+    assert f"within {ACTOR_START_S:.0f} s" in doc
 
 
 def test_an_actor_that_fails_stops_the_run_cleanly(shared_ray, tiny_config) -> None:

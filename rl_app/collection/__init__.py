@@ -141,6 +141,13 @@ def check_workers(collector: BaseCollector, env_name: str) -> None:
             raise WorkerDied(index, process, env_name)
 
 
+def collector_metrics(collector: BaseCollector) -> dict[str, float]:
+    """What a collector counts of itself, logged each iteration: a Ray collection, the
+    actors it replaced."""
+    metrics = getattr(collector, "metrics", None)
+    return metrics() if metrics is not None else {}
+
+
 # How long a collector that raised is given for one of its workers to end.
 WORKER_EXIT_S = 30.0
 

@@ -12,10 +12,13 @@ while the others keep collecting.
 - the Ray runtime: unset ``ray.address`` starts a local Ray with this machine's CPUs and
   shuts it down with the collector; a set one is joined and left running;
 - trajectory ids unique across actors and resumes (each actor numbers its own);
-- an actor that died or raised is named (:class:`ActorStopped`, or
-  :class:`~rl_app.replay.service.ServiceStopped`
-  for the replay service's), so that the run stops at that iteration boundary with its
-  last checkpoint intact;
+- an actor whose process died is replaced by a new one (``ray.max_actor_replacements``
+  times per actor): its env seeded anew from the run's seed, the current weights and
+  policy version, trajectory ids past any the dead one can have used; the batch it was
+  collecting is lost. An actor that raised, one that died once too often, and the replay
+  service's actor are named (:class:`ActorStopped`,
+  :class:`~rl_app.replay.service.ServiceStopped`), so that the run stops at that iteration
+  boundary with its last checkpoint intact;
 - with ``replay.service=ray``, the replay buffer as a Ray service
   (:mod:`rl_app.replay.service`), built once Ray is joined, shut down with the actors that
   write into it; each actor extends it and hands the learner only what the loop counts and
@@ -25,6 +28,7 @@ while the others keep collecting.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -32,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 import ray
+import torch
 from ray.exceptions import RayActorError
-from tensordict import TensorDictBase
-from torchrl.collectors.distributed import RayCollector
+from tensordict import TensorDict, TensorDictBase
+from torch import nn
 
 from rl_app.checks import machine_cpus
 from rl_app.collection.workers import remote_collector_kwargs
@@ -44,6 +49,7 @@ from rl_app.replay import TRAJECTORY_KEY
 from rl_app.replay.service import ServiceReplayBuffer, ServiceStopped, service_parts
 from rl_app.rundir import REPLAY_DIR
 from rl_app.upstream.ray import (
+    ReplaceableActors,
     TruthfulCollector,
     actor_id,
     how_it_died,
@@ -52,6 +58,8 @@ from rl_app.upstream.ray import (
     warm_up_frames,
 )
 from rl_app.upstream.torchrl_collectors import UNBOUNDED_FRAMES
+
+log = logging.getLogger("rl_app")
 
 
 def connect_ray(address: str | None) -> bool:
@@ -83,6 +91,12 @@ class ActorStopped(RuntimeError):
 
     def __init__(self, index: int, env_name: str, why: str) -> None:
         super().__init__(f"collector worker {index} (Ray actor) of env {env_name} stopped: {why}")
+        self.index = index
+        self.why = why
+
+
+class ActorDied(ActorStopped):
+    """A collector actor's process ended: a new actor can take its place."""
 
 
 class CollectionFailed(RuntimeError):
@@ -143,19 +157,35 @@ class ActorCollector(TruthfulCollector):
         return self.stored
 
 
-class RayCollection(RayCollector):
+# How long a new actor may take to start in a dead one's place (Ray may wait for a node
+# with the CPUs it reserves).
+ACTOR_START_S = 300.0
+# Batches of an actor the learner may not have seen when it dies: the one it was collecting,
+# and one a restarted iterator left it collecting. Each starts at most one trajectory a frame.
+UNSEEN_BATCHES = 2
+
+
+class RayCollection(ReplaceableActors):
     """TorchRL's ``RayCollector`` on the runtime :func:`connect_ray` joined; see the module
-    docstring."""
+    docstring. ``env_maker(n)`` makes the env of the ``n``-th actor started: actor ``i``'s
+    ``k``-th replacement is number ``i + k * workers``."""
 
     def __init__(
         self,
         env_name: str,
         address: str | None,
+        env_maker: Callable[[int], Any],
+        max_replacements: int,
         replay_service: Callable[[], Any] | None = None,
         **kwargs: Any,
     ) -> None:
         self.env_name = env_name
+        self.env_maker = env_maker
+        self.max_replacements = max_replacements
         self.connected = connect_ray(address)
+        self.pushes = 0  # weight pushes relayed: the policy version of every actor
+        self.pushed_weights: TensorDictBase | None = None  # what the actors act with
+        self.next_trajectory = 0  # past every trajectory id seen, over workers
         # The replay service's owner, built on this Ray: the actors write into it.
         self.service = None
         try:
@@ -168,27 +198,90 @@ class RayCollection(RayCollector):
             self.disconnect()
             raise
         self.actor_ids = [actor_id(actor) for actor in self.remote_collectors]
+        self.replaced = [0] * len(self.remote_collectors)  # replacements of each actor
+        self.replaced_ids: set[str] = set()
 
     def iterator(self) -> Iterator[TensorDictBase]:
-        with self.naming_stopped_actors():
-            for batch in super().iterator():
-                # Sync batches stack the actors' [envs, steps] batches: one row per env.
-                yield batch.flatten(0, -2) if batch.ndim > 2 else batch
+        while True:
+            try:
+                with self.naming_stopped_actors():
+                    for batch in super().iterator():
+                        trajectories = batch.get(TRAJECTORY_KEY)
+                        last = int(trajectories.max()) // len(self.remote_collectors)
+                        self.next_trajectory = max(self.next_trajectory, last + 1)
+                        # Sync batches stack the actors' [envs, steps] batches: a row per env.
+                        yield batch.flatten(0, -2) if batch.ndim > 2 else batch
+                return
+            except ActorDied as died:
+                self.replace(died)
+            except RayActorError as error:  # the batch of an actor replaced in a push
+                if error.actor_id not in self.replaced_ids:
+                    raise
 
-    def update_policy_weights_(self, *args: Any, **kwargs: Any) -> None:
-        with self.naming_stopped_actors():
-            super().update_policy_weights_(*args, **kwargs)
+    def update_policy_weights_(self, policy: nn.Module, **kwargs: Any) -> None:
+        push = functools.partial(super().update_policy_weights_, policy, **kwargs)
+        self.replacing_dead_actors(push)
+        self.pushes += 1
+        self.pushed_weights = TensorDict.from_module(policy).data.clone()  # for a new actor
 
     def state_dict(self) -> list[dict[str, Any]]:
-        with self.naming_stopped_actors():
-            return super().state_dict()
+        return self.replacing_dead_actors(super().state_dict)
+
+    def load_state_dict(self, state: list[dict[str, Any]]) -> None:
+        """Each actor's state, but its policy version: a run's actors count the pushes this
+        process relayed, as the learner does (:class:`rl_app.collection.WeightSync`)."""
+        super().load_state_dict([{**actor, "policy_version": self.pushes} for actor in state])
 
     def drain(self) -> int:
         """Wait until every batch in flight (asynchronous actors keep collecting between
         the learner's batches) has landed in the replay service; the frames the actors have
         written into it. TorchRL's ``pause()`` leaves them in flight."""
-        with self.naming_stopped_actors():
+
+        def stored() -> int:
             return sum(ray.get([actor.stored_frames.remote() for actor in self.remote_collectors]))
+
+        return self.replacing_dead_actors(stored)
+
+    def metrics(self) -> dict[str, float]:
+        return {"collector/replaced_actors": sum(self.replaced)}
+
+    def replacing_dead_actors(self, call: Callable[[], Any]) -> Any:
+        """``call()``, again after replacing each actor found dead on the way."""
+        while True:
+            try:
+                with self.naming_stopped_actors():
+                    return call()
+            except ActorDied as died:
+                self.replace(died)
+
+    def replace(self, died: ActorDied) -> None:
+        """A new actor in the place of the one that ``died``, or ``died`` raised when that
+        actor has been replaced ``max_replacements`` times already."""
+        index = died.index
+        if self.replaced[index] >= self.max_replacements:
+            if self.max_replacements == 0:
+                raise died
+            raise ActorStopped(
+                index, self.env_name,
+                f"{died.why}; a new actor took its place {self.replaced[index]} times "
+                f"already, as many as ray.max_actor_replacements={self.max_replacements} allows",
+            ) from died  # fmt: skip
+        self.replaced[index] += 1
+        log.warning("%s; a new actor takes its place (replacement %d of at most %d)",
+                    died, self.replaced[index], self.max_replacements)  # fmt: skip
+        workers = len(self.remote_collectors)
+        env_maker = self.env_maker(index + self.replaced[index] * workers)
+        actor = self.replace_actor(index, env_maker, self.pushed_weights, ACTOR_START_S)
+        self.replaced_ids.add(self.actor_ids[index])
+        self.actor_ids[index] = actor_id(actor)
+        # Trajectory k of an actor is id k * workers + index: k past any the dead one used.
+        batch_frames = self.collector_kwargs[index]["frames_per_batch"]
+        state = ray.get(actor.state_dict.remote())
+        state["traj_pool"] = {
+            "traj_id": torch.tensor(self.next_trajectory + UNSEEN_BATCHES * batch_frames)
+        }
+        state["policy_version"] = self.pushes
+        ray.get(actor.load_state_dict.remote(state))
 
     @contextmanager
     def naming_stopped_actors(self) -> Iterator[None]:
@@ -204,13 +297,13 @@ class RayCollection(RayCollector):
             if error.actor_id not in self.actor_ids:
                 raise
             index = self.actor_ids.index(error.actor_id)
-            raise ActorStopped(index, self.env_name, how_it_died(error)) from error
+            raise ActorDied(index, self.env_name, how_it_died(error)) from error
         except RuntimeError as error:  # gloo's "Connection closed by peer", in a weight push
             dead = self.dead_actor()
             if dead is None:
                 raise
             index, death = dead
-            raise ActorStopped(index, self.env_name, how_it_died(death)) from error
+            raise ActorDied(index, self.env_name, how_it_died(death)) from error
 
     def dead_actor(self) -> tuple[int, RayActorError] | None:
         """The index of an actor that has died, and Ray's error, or None if none answers
@@ -261,14 +354,17 @@ def make_ray_collector(
     ``replay.service=ray``, writing into the replay service this builds."""
     settings, workers = config.collector, config.collector.workers
     service = config.replay.service == "ray"
+
+    def env_maker(actor: int) -> Any:
+        return env_factory(config.env, worker_seed(config.seed, actor), network=config.network)
+
     return RayCollection(
         config.env.name,
         config.ray.address,
+        env_maker,
+        config.ray.max_actor_replacements,
         functools.partial(make_replay_service, config) if service else None,
-        create_env_fn=[
-            env_factory(config.env, worker_seed(config.seed, worker), network=config.network)
-            for worker in range(workers)
-        ],
+        create_env_fn=[env_maker(worker) for worker in range(workers)],
         policy_factory=policy_factory,
         num_collectors=workers,
         sync=config.ray.sync,

@@ -306,6 +306,12 @@ class RayConfig:
         1.0, "CPUs each collector actor reserves (Ray places an actor only where they are free)",
         above=0, on_resume=True,
     )  # fmt: skip
+    max_actor_replacements: int = setting(
+        3,
+        "times a collector actor whose process died is replaced by a new one before the run "
+        "stops naming it (0: stop at the first death)",
+        at_least=0,
+    )
 
 
 @dataclass

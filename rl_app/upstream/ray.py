@@ -13,7 +13,9 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
+from tensordict import TensorDictBase
 from torchrl.collectors import Collector
+from torchrl.collectors.distributed import RayCollector
 from torchrl.data import ReplayBuffer
 
 from rl_app.upstream.torchrl_collectors import split_warm_up
@@ -148,3 +150,67 @@ def service_buffer(buffer_class: type[ReplayBuffer], **parts: Any) -> ReplayBuff
         service_backend_options={"remote_config": {"num_cpus": 0}},
         transport="ray",
     )
+
+
+# -- 5. replacing a collector actor ----------------------------------------------------------
+
+
+class ReplaceableActors(RayCollector):
+    """TorchRL's ``RayCollector`` with one more operation: :meth:`replace_actor` puts a new
+    actor in the place of one whose process died. TorchRL 0.14.1 has none, and two of its
+    parts assume the actors it started stay:
+
+    - ``add_collectors`` numbers actors by their place in its lists (``worker_idx``): the
+      new actor is built as it builds each, under the dead one's number;
+    - the weights travel in one gloo group of the learner and every actor, which a dead
+      member breaks for good: the survivors and the new actor join a new group (TorchRL's
+      ``_copy_uninitialized`` scheme, registered on each actor, which shuts down its old
+      one) and are sent the given weights when they connect, as TorchRL's first push
+      connects them (``_lazy_initialize_weight_sync``, which sends none).
+
+    Test: ``test_a_replaced_actor_joins_the_weight_sync_of_the_survivors``."""
+
+    def add_collectors(
+        self,
+        create_env_fn: list[Any],
+        num_envs: int,
+        policy: Any,
+        collector_kwargs: list[dict[str, Any]],
+        remote_configs: list[dict[str, Any]],
+    ) -> None:
+        self.actor_parts = (num_envs, policy, collector_kwargs, remote_configs)
+        super().add_collectors(create_env_fn, num_envs, policy, collector_kwargs, remote_configs)
+
+    def replace_actor(
+        self, index: int, env_maker: Any, weights: TensorDictBase, start_timeout_s: float
+    ) -> ActorHandle:
+        """Actor ``index`` (dead) replaced by a new one acting in ``env_maker``'s env,
+        given ``start_timeout_s`` to start; every actor then acts with ``weights``. Returns
+        the new actor."""
+        num_envs, worker_policy, collector_kwargs, remote_configs = self.actor_parts
+        ray.kill(self.remote_collectors[index], no_restart=True)
+        actor_class = self.collector_class.as_remote(remote_configs[index]).remote
+        self.remote_collectors[index] = self._make_collector(
+            actor_class,
+            env_maker=[env_maker] * num_envs if num_envs > 1 else env_maker,
+            policy=worker_policy,
+            other_params={**collector_kwargs[index], "worker_idx": index},
+        )
+        old_scheme = self._weight_sync_schemes["policy"]
+        scheme = old_scheme._copy_uninitialized()
+        old_scheme.shutdown()
+        scheme.init_on_sender(
+            model_id="policy", remote_collectors=self.remote_collectors, context=self
+        )
+        ray.get([
+            actor.register_scheme_receiver.remote({"policy": scheme}, synchronize_weights=False)
+            for actor in self.remote_collectors
+        ], timeout=start_timeout_s)  # fmt: skip
+        self._weight_sync_schemes = {"policy": scheme}
+        connected = [
+            actor.cascade_execute.remote("_receiver_schemes['policy'].connect")
+            for actor in self.remote_collectors
+        ]
+        scheme.connect(weights=weights)
+        ray.get(connected)
+        return self.remote_collectors[index]
