@@ -5,6 +5,7 @@ with its id and log and leaves the checkpoint intact, and nothing is left in the
 
 from __future__ import annotations
 
+import re
 import subprocess
 import threading
 from pathlib import Path
@@ -109,8 +110,11 @@ def test_a_dead_collection_job_stops_the_run_and_a_resume_submits_fresh_jobs(
     killer.join()
 
     message = str(failure.value)
-    assert f"job {killed[0]} is CANCELLED" in message
-    assert f"{killed[0]}_0_log.err" in message
+    assert re.search(
+        rf"collector worker \d \(SLURM job {killed[0]}\) of env Pendulum-v1 stopped: the job "
+        rf"is CANCELLED; its log: \S+/{killed[0]}_0_log\.err",
+        message,
+    ), message
     saved = checkpoint_candidates(run_dir / CHECKPOINTS_DIR)
     assert f"last good checkpoint: {saved[0]}" in message
     verify_checkpoint(saved[0])

@@ -211,8 +211,11 @@ def test_a_cancelled_rpc_job_stops_the_run_naming_it(slurm_cluster: None, tmp_pa
         if run.poll() is None:
             run.kill()
     assert run.returncode == 1, stderr
-    assert f"job {min(jobs)} is CANCELLED" in stderr, stderr
-    assert f"{min(jobs)}_0_log.err" in stderr
+    assert re.search(
+        rf"collector worker \d \(SLURM job {min(jobs)}\) of env Pendulum-v1 stopped: the job "
+        rf"is CANCELLED; its log: \S+/{min(jobs)}_0_log\.err",
+        stderr,
+    ), stderr
     verify_checkpoint(Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1)))
     wait_for("the other job to be cancelled too", lambda: not queued(set(jobs)), 60)
 

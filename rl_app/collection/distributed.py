@@ -52,16 +52,44 @@ RUNNING_STATES = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "UNKNOWN")
 
 
 class CollectionJobEnded(RuntimeError):
-    """A collection job stopped while the learner needed it."""
+    """A collection job stopped while the learner needed it: named as every collector
+    is, ``collector worker N (SLURM job J) of env E stopped: the job is STATE; its log:
+    PATH``, and the jobs that ended with it."""
+
+    def __init__(self, jobs: list[submitit.Job], ended: list[submitit.Job], env_name: str):
+        first = ended[0]
+        message = (
+            f"collector worker {jobs.index(first)} (SLURM job {first.job_id}) of env "
+            f"{env_name} stopped: the job is {state_of(first)}; its log: {first.paths.stderr}"
+        )
+        if len(ended) > 1:
+            message += f" (ended with it: jobs {', '.join(job.job_id for job in ended[1:])})"
+        super().__init__(message)
+
+
+def state_of(job: submitit.Job) -> str:
+    """SLURM's word for the job now (sacct may add "by <uid>" to CANCELLED)."""
+    return job.watcher.get_state(job.job_id, mode="force").split()[0]
+
+
+def ended_jobs(jobs: list[submitit.Job], wait_s: float) -> list[submitit.Job]:
+    """The jobs SLURM no longer runs, polling up to ``wait_s`` for one to show."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        ended = [job for job in jobs if state_of(job) not in RUNNING_STATES]
+        if ended or time.monotonic() > deadline:
+            return ended
+        time.sleep(1.0)
 
 
 class SlurmCollectionJobs(ExecutorDistributedCollector):
     """TorchRL's distributed collector on SLURM jobs; see the module docstring."""
 
-    def __init__(self, env_makers: list[Any], **kwargs: Any) -> None:
+    def __init__(self, env_name: str, env_makers: list[Any], **kwargs: Any) -> None:
+        self.env_name = env_name
         self.traj_id_base = self.next_traj_id = 0
         try:
-            with self.blaming_ended_jobs("waiting for collection jobs to join"):
+            with self.blaming_ended_jobs():
                 super().__init__(env_makers, **kwargs)
         except BaseException:
             self.cancel_jobs()
@@ -70,12 +98,12 @@ class SlurmCollectionJobs(ExecutorDistributedCollector):
     # -- running ---------------------------------------------------------------------------
 
     def iterator(self) -> Iterator[TensorDictBase]:
-        with self.blaming_ended_jobs("collecting"):
+        with self.blaming_ended_jobs():
             for batch in super().iterator():
                 yield self.relabel_trajectories(batch)
 
     def update_policy_weights_(self, *args: Any, **kwargs: Any) -> None:
-        with self.blaming_ended_jobs("pushing weights"):
+        with self.blaming_ended_jobs():
             super().update_policy_weights_(*args, **kwargs)
 
     def relabel_trajectories(self, batch: TensorDictBase) -> TensorDictBase:
@@ -94,29 +122,15 @@ class SlurmCollectionJobs(ExecutorDistributedCollector):
     # -- failures and the end --------------------------------------------------------------
 
     @contextmanager
-    def blaming_ended_jobs(self, doing: str) -> Iterator[None]:
+    def blaming_ended_jobs(self) -> Iterator[None]:
         """Turn a failed collective into a message naming the job that ended, if one did."""
         try:
             yield
         except Exception as error:
-            ended = self.ended_jobs(wait_s=JOB_STATE_WAIT_S)
+            ended = ended_jobs(self.jobs, JOB_STATE_WAIT_S)
             if not ended:
                 raise
-            described = "; ".join(
-                f"job {job.job_id} is {job.state} (log: {job.paths.stderr})" for job in ended
-            )
-            raise CollectionJobEnded(
-                f"a collection job stopped while {doing}: {described}"
-            ) from error
-
-    def ended_jobs(self, wait_s: float) -> list[submitit.Job]:
-        """The jobs SLURM no longer runs, polling up to ``wait_s`` for one to show."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            ended = [job for job in self.jobs if self.state_of(job) not in RUNNING_STATES]
-            if ended or time.monotonic() > deadline:
-                return ended
-            time.sleep(1.0)
+            raise CollectionJobEnded(self.jobs, ended, self.env_name) from error
 
     def shutdown(self, timeout: float | None = None) -> None:
         try:
@@ -132,20 +146,16 @@ class SlurmCollectionJobs(ExecutorDistributedCollector):
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
 
-    def state_of(self, job: submitit.Job) -> str:
-        """SLURM's word for the job now (sacct may add "by <uid>" to CANCELLED)."""
-        return job.watcher.get_state(job.job_id, mode="force").split()[0]
-
     def wait_until_ended(self, wait_s: float) -> None:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and any(
-            self.state_of(job) in (*RUNNING_STATES, "COMPLETING") for job in self.jobs
+            state_of(job) in (*RUNNING_STATES, "COMPLETING") for job in self.jobs
         ):
             time.sleep(0.5)
 
     def cancel_jobs(self) -> None:
         for job in self.jobs:
-            if self.state_of(job) in RUNNING_STATES:
+            if state_of(job) in RUNNING_STATES:
                 job.cancel(check=False)
 
 
@@ -171,6 +181,7 @@ def make_collection_jobs(config: Config, policy_factory: Any, devices: Any) -> S
         name=f"{run_dir.name}-collect",
     )
     return SlurmCollectionJobs(
+        config.env.name,
         [
             env_factory(config.env, worker_seed(config.seed, node), network=config.network)
             for node in range(settings.nodes)

@@ -89,10 +89,10 @@ DEAD_ACTOR_ANSWER_S = 10.0
 class ActorStopped(RuntimeError):
     """A collector actor died, or raised while collecting."""
 
-    def __init__(self, index: int, env_name: str, why: str) -> None:
-        super().__init__(f"collector worker {index} (Ray actor) of env {env_name} stopped: {why}")
-        self.index = index
-        self.why = why
+    def __init__(self, index: int, env_name: str, why: str, where: str | None = None) -> None:
+        actor = "Ray actor" if where is None else f"Ray actor, {where}"
+        super().__init__(f"collector worker {index} ({actor}) of env {env_name} stopped: {why}")
+        self.index, self.why, self.where = index, why, where
 
 
 class ActorDied(ActorStopped):
@@ -265,6 +265,7 @@ class RayCollection(ReplaceableActors):
                 index, self.env_name,
                 f"{died.why}; a new actor took its place {self.replaced[index]} times "
                 f"already, as many as ray.max_actor_replacements={self.max_replacements} allows",
+                died.where,
             ) from died  # fmt: skip
         self.replaced[index] += 1
         log.warning("%s; a new actor takes its place (replacement %d of at most %d)",
@@ -297,13 +298,15 @@ class RayCollection(ReplaceableActors):
             if error.actor_id not in self.actor_ids:
                 raise
             index = self.actor_ids.index(error.actor_id)
-            raise ActorDied(index, self.env_name, how_it_died(error)) from error
+            where, why = how_it_died(error)
+            raise ActorDied(index, self.env_name, why, where) from error
         except RuntimeError as error:  # gloo's "Connection closed by peer", in a weight push
             dead = self.dead_actor()
             if dead is None:
                 raise
             index, death = dead
-            raise ActorDied(index, self.env_name, how_it_died(death)) from error
+            where, why = how_it_died(death)
+            raise ActorDied(index, self.env_name, why, where) from error
 
     def dead_actor(self) -> tuple[int, RayActorError] | None:
         """The index of an actor that has died, and Ray's error, or None if none answers

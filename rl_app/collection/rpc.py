@@ -44,6 +44,8 @@ from rl_app.collection.distributed import (
     JOB_STATE_WAIT_S,
     RUNNING_STATES,
     CollectionJobEnded,
+    ended_jobs,
+    state_of,
 )
 from rl_app.collection.workers import remote_collector_kwargs
 from rl_app.config import Config
@@ -138,22 +140,10 @@ class RPCCollection(LaunchedRPCCollector):
             if failed is not None:
                 self.worker_raised = True
                 raise WorkerFailed(failed[0], self.env_name, failed[1]) from error
-            jobs = self.ended_jobs(JOB_STATE_WAIT_S) if self.executor is not None else []
-            if not jobs:
+            ended = ended_jobs(self.jobs, JOB_STATE_WAIT_S) if self.executor is not None else []
+            if not ended:
                 raise
-            described = "; ".join(
-                f"job {job.job_id} is {state_of(job)} (log: {job.paths.stderr})" for job in jobs
-            )
-            raise CollectionJobEnded(f"an RPC collection job stopped: {described}") from error
-
-    def ended_jobs(self, wait_s: float) -> list[Any]:
-        """The SLURM jobs no longer running, polling up to ``wait_s`` for one to show."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            ended = [job for job in self.jobs if state_of(job) not in RUNNING_STATES]
-            if ended or time.monotonic() > deadline:
-                return ended
-            time.sleep(1.0)
+            raise CollectionJobEnded(self.jobs, ended, self.env_name) from error
 
     def shutdown(self, timeout: float | None = None) -> None:
         """TorchRL's shutdown waits for every worker's last batch and answer: after a
@@ -198,11 +188,6 @@ class RPCCollection(LaunchedRPCCollector):
             if worker.is_alive():
                 worker.terminate()
             worker.join()
-
-
-def state_of(job: Any) -> str:
-    """SLURM's word for a submitit job now (sacct may add "by <uid>" to CANCELLED)."""
-    return job.watcher.get_state(job.job_id, mode="force").split()[0]
 
 
 def make_rpc_collector(

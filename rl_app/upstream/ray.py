@@ -29,23 +29,24 @@ def actor_id(actor: ActorHandle) -> str:
     return actor._actor_id.hex()
 
 
-def how_it_died(error: RayActorError) -> str:
+def how_it_died(error: RayActorError) -> tuple[str | None, str]:
     """Where a dead actor ran and why it ended, from the text of Ray's error (Ray 2.60
-    exposes neither as attributes): e.g. ``its process ended (pid 508 on 192.0.2.2, worker
-    exit type SYSTEM_ERROR); its log: <Ray's logs>/worker-*-508.err on 192.0.2.2``. A
-    process killed by a signal reads as SYSTEM_ERROR: Ray does not record the signal.
-    Test: ``test_an_actor_killed_between_batches_is_named_by_the_next_weight_push``."""
+    exposes neither as attributes): e.g. ``("pid 508 on 192.0.2.2", "its process ended
+    (worker exit type SYSTEM_ERROR); its log: <Ray's logs>/worker-*-508.err on
+    192.0.2.2")``; where is None when the error does not say. A process killed by a signal
+    reads as SYSTEM_ERROR: Ray does not record the signal. Test:
+    ``test_an_actor_killed_between_batches_is_named_by_the_next_weight_push``."""
     text = str(error)
     pid = re.search(r"^\s*pid: (\d+)$", text, re.MULTILINE)
     node = re.search(r"^\s*ip: (\S+)$", text, re.MULTILINE)
     exit_type = re.search(r"Worker exit type: (\w+)", text)
     if pid is None or node is None:
-        return f"its process ended ({text.splitlines()[0]})"
-    where = f"pid {pid[1]} on {node[1]}"
+        return None, f"its process ended ({text.splitlines()[0]})"
+    why = "its process ended"
     if exit_type is not None:
-        where += f", worker exit type {exit_type[1]}"
+        why += f" (worker exit type {exit_type[1]})"
     log = f"{ray_logs_dir()}/worker-*-{pid[1]}.err on {node[1]}"
-    return f"its process ended ({where}); its log: {log}"
+    return f"pid {pid[1]} on {node[1]}", f"{why}; its log: {log}"
 
 
 def ray_logs_dir() -> str:
