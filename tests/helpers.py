@@ -70,6 +70,15 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def start_endless_run(cwd: Path, *args: str) -> subprocess.Popen:
+    """``train.py`` with ``args``, in the background, for far more frames than a test lets
+    it collect: it cannot end before what the test does to it."""
+    return subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *args, "collector.total_frames=1000000"],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
 def alive(pid: int) -> bool:
     """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
     try:

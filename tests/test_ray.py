@@ -39,13 +39,13 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     TINY_RUN,
-    TRAIN_PY,
     acting_collector,
     actor_version,
     collect_around_a_push,
     move_on,
     resume_in_process,
     run_train,
+    start_endless_run,
     wait_for,
 )
 
@@ -219,11 +219,7 @@ def test_a_killed_actor_is_replaced_until_it_keeps_dying_and_the_run_resumes(
 ) -> None:
     run_dir = tmp_path / "run"
     args = [*TINY_RUN, *RAY_RUN, f"run_dir={run_dir}", "ray.max_actor_replacements=1"]
-    # Far more frames than the run collects before its second kill: it cannot end first.
-    run = subprocess.Popen(
-        [PYTHON, str(TRAIN_PY), *args, "collector.total_frames=1000000"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    run = start_endless_run(tmp_path, *args)
     try:
         wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
         wait_for("two actors", lambda: len(collector_actors(run.pid)) == 2, 60)

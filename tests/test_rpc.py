@@ -25,9 +25,7 @@ from rl_app.replay import TRAJECTORY_KEY
 from tests import faulty_envs
 from tests.helpers import (
     FINAL_STATES,
-    PYTHON,
     TINY_RUN,
-    TRAIN_PY,
     acting_collector,
     actor_version,
     alive,
@@ -35,6 +33,7 @@ from tests.helpers import (
     collect_around_a_push,
     job_state,
     run_train,
+    start_endless_run,
     wait_for,
 )
 
@@ -95,12 +94,7 @@ def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
 ) -> None:
     run_dir = tmp_path / "run"
     args = [*TINY_RUN, *RPC_RUN, f"run_dir={run_dir}"]
-    # Far more frames than the run can collect before the killed worker is noticed: the run
-    # cannot end first; the resume finishes two iterations past where it stopped.
-    run = subprocess.Popen(
-        [PYTHON, str(TRAIN_PY), *args, "collector.total_frames=1000000"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    run = start_endless_run(tmp_path, *args)  # the resume ends two iterations past its stop
     try:
         wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
         workers = workers_of(run.pid)
@@ -193,11 +187,9 @@ def test_rpc_workers_as_slurm_jobs_feed_a_run_and_end_with_it(
 @pytest.mark.slurm
 def test_a_cancelled_rpc_job_stops_the_run_naming_it(slurm_cluster: None, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    run = subprocess.Popen(
-        [PYTHON, str(TRAIN_PY), *TINY_RUN, *RPC_RUN, f"run_dir={run_dir}",
-         "collector.total_frames=1000000", "rpc.launcher=slurm", "slurm.profile=local",
-         "collector.address=127.0.0.1"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    run = start_endless_run(
+        tmp_path, *TINY_RUN, *RPC_RUN, f"run_dir={run_dir}", "rpc.launcher=slurm",
+        "slurm.profile=local", "collector.address=127.0.0.1",
     )  # fmt: skip
     try:
         wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
