@@ -88,6 +88,21 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def workers_of(pid: int) -> list[int]:
+    """The worker processes of the ``train.py`` process ``pid`` (its children but the
+    multiprocessing resource tracker), in the order they were started."""
+    workers = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, NotADirectoryError):
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"resource_tracker" not in cmdline:
+            workers.append(int(entry.name))
+    return sorted(workers)
+
+
 def child_processes() -> set[int]:
     """Live child processes of this process (the multiprocessing resource tracker aside)."""
     children = set()

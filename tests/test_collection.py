@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl_app.checkpointing import choose_checkpoint
+from rl_app.checkpointing import checkpoint_candidates, choose_checkpoint, verify_checkpoint
 from rl_app.collection import WeightSync, WorkerDied, ended_worker, naming_dead_workers
 from rl_app.config import ReplayConfig
 from rl_app.logger import read_metrics
@@ -25,11 +25,16 @@ from rl_app.replay import PRIORITY_KEY, TRAJECTORY_KEY, make_replay_buffer, writ
 from rl_app.run import train
 from tests import faulty_envs
 from tests.helpers import (
+    TINY_RUN,
     acting_collector,
     actor_version,
     child_processes,
     collect_around_a_push,
     move_on,
+    run_train,
+    start_endless_run,
+    wait_for,
+    workers_of,
 )
 
 # Batches of 130 frames straddle episode ends (200 steps) for the first 2,600 frames of a
@@ -241,6 +246,35 @@ def test_a_killed_worker_is_named_with_its_pid_and_signal(tiny_config, phase: st
         f"collector worker 1 (worker process, pid {worker.pid}) of env Pendulum-v1 stopped: "
         "killed by SIGKILL;"
     )
+
+
+def test_a_killed_async_worker_stops_the_run_naming_it_and_a_resume_finishes_it(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    args = [*TINY_RUN, "collector.mode=async", "collector.workers=2", f"run_dir={run_dir}"]
+    run = start_endless_run(tmp_path, *args)
+    try:
+        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
+        workers = workers_of(run.pid)
+        assert len(workers) == 2, workers
+        os.kill(workers[1], signal.SIGKILL)
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, stderr
+    assert re.search(
+        rf"collector worker \d \(worker process, pid {workers[1]}\) of env Pendulum-v1 "
+        r"stopped: killed by SIGKILL;",
+        stderr,
+    ), stderr
+    verify_checkpoint(Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1)))
+    end = read_metrics(run_dir)[-1]["frames"] + 400
+
+    resumed = run_train(tmp_path, *args, f"collector.total_frames={end}")
+    assert resumed.returncode == 0, resumed.stderr
+    assert [row["frames"] for row in read_metrics(run_dir)] == list(range(200, end + 1, 200))
 
 
 def test_the_worker_named_is_one_that_ended_by_itself() -> None:

@@ -35,6 +35,7 @@ from tests.helpers import (
     run_train,
     start_endless_run,
     wait_for,
+    workers_of,
 )
 
 pytestmark = pytest.mark.rpc
@@ -72,21 +73,6 @@ def test_workers_act_with_the_weights_the_learner_sent(tiny_config) -> None:
     # torch's RPC cannot start a second group in this process: refused, not waited for.
     with pytest.raises(RPCAlreadyUsed, match="one RPC collector per process"):
         make_collector(config, algorithm, decide_devices(config))
-
-
-def workers_of(pid: int) -> list[int]:
-    """The RPC worker processes of the ``train.py`` process ``pid`` (its children but the
-    multiprocessing resource tracker), in the order they were started."""
-    workers = []
-    for entry in Path("/proc").iterdir():
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, NotADirectoryError):
-            continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"resource_tracker" not in cmdline:
-            workers.append(int(entry.name))
-    return sorted(workers)
 
 
 def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
