@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +21,12 @@ from torchrl.collectors import Collector
 from torchrl.envs.utils import RandomPolicy
 
 from rl_app.algorithms import Algorithm, make_algorithm
-from rl_app.checkpointing import choose_checkpoint, load_component
+from rl_app.checkpointing import (
+    checkpoint_candidates,
+    choose_checkpoint,
+    load_component,
+    verify_checkpoint,
+)
 from rl_app.collection import WeightSync, decide_devices, make_collector
 from rl_app.config import Config, EnvConfig
 from rl_app.envs import make_env
@@ -70,13 +77,33 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
-def start_endless_run(cwd: Path, *args: str) -> subprocess.Popen:
-    """``train.py`` with ``args``, in the background, for far more frames than a test lets
-    it collect: it cannot end before what the test does to it."""
-    return subprocess.Popen(
+def stop_a_run(
+    cwd: Path, run_dir: Path, args: list[str], stop: Callable[[subprocess.Popen], Any]
+) -> tuple[Any, str, Path]:
+    """Start ``train.py`` with ``args`` in the background, for far more frames than it
+    collects before ``stop(run)``, called once it has saved a checkpoint, makes it fail;
+    wait for it to end with exit status 1. Returns what ``stop`` returned, the run's stderr
+    and the checkpoint it names as its last good one, verified."""
+    run = subprocess.Popen(
         [PYTHON, str(TRAIN_PY), *args, "collector.total_frames=1000000"],
         cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    try:
+        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
+        stopped = stop(run)
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1, stderr
+    named = named_checkpoint(stderr)
+    verify_checkpoint(named)
+    return stopped, stderr, named
+
+
+def named_checkpoint(message: str) -> Path:
+    """The checkpoint a failed run's ``message`` names as its last good one."""
+    return Path(re.search(r"last good checkpoint: (\S+);", message).group(1))
 
 
 def alive(pid: int) -> bool:
@@ -101,6 +128,15 @@ def workers_of(pid: int) -> list[int]:
         if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"resource_tracker" not in cmdline:
             workers.append(int(entry.name))
     return sorted(workers)
+
+
+def kill_the_second_worker(run: subprocess.Popen) -> list[int]:
+    """SIGKILL the second of the two worker processes of ``train.py`` process ``run``;
+    the workers' pids."""
+    workers = workers_of(run.pid)
+    assert len(workers) == 2, workers
+    os.kill(workers[1], signal.SIGKILL)
+    return workers
 
 
 def child_processes() -> set[int]:

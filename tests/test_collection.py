@@ -16,7 +16,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl_app.checkpointing import checkpoint_candidates, choose_checkpoint, verify_checkpoint
+from rl_app.checkpointing import choose_checkpoint
 from rl_app.collection import WeightSync, WorkerDied, ended_worker, naming_dead_workers
 from rl_app.config import ReplayConfig
 from rl_app.logger import read_metrics
@@ -30,11 +30,11 @@ from tests.helpers import (
     actor_version,
     child_processes,
     collect_around_a_push,
+    kill_the_second_worker,
     move_on,
+    named_checkpoint,
     run_train,
-    start_endless_run,
-    wait_for,
-    workers_of,
+    stop_a_run,
 )
 
 # Batches of 130 frames straddle episode ends (200 steps) for the first 2,600 frames of a
@@ -220,7 +220,7 @@ def test_a_failing_worker_stops_the_run_cleanly(tiny_config, env: str) -> None:
         train(config)
     message = str(failure.value)
     # The newest checkpoint before the fault, intact.
-    named = Path(re.search(r"last good checkpoint: (\S+);", message).group(1))
+    named = named_checkpoint(message)
     assert named.name == "checkpoint-000000002000"
     assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
     assert child_processes() == before
@@ -253,23 +253,12 @@ def test_a_killed_async_worker_stops_the_run_naming_it_and_a_resume_finishes_it(
 ) -> None:
     run_dir = tmp_path / "run"
     args = [*TINY_RUN, "collector.mode=async", "collector.workers=2", f"run_dir={run_dir}"]
-    run = start_endless_run(tmp_path, *args)
-    try:
-        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
-        workers = workers_of(run.pid)
-        assert len(workers) == 2, workers
-        os.kill(workers[1], signal.SIGKILL)
-        _, stderr = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 1, stderr
+    workers, stderr, _ = stop_a_run(tmp_path, run_dir, args, kill_the_second_worker)
     assert re.search(
         rf"collector worker \d \(worker process, pid {workers[1]}\) of env Pendulum-v1 "
         r"stopped: killed by SIGKILL;",
         stderr,
     ), stderr
-    verify_checkpoint(Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1)))
     end = read_metrics(run_dir)[-1]["frames"] + 400
 
     resumed = run_train(tmp_path, *args, f"collector.total_frames={end}")

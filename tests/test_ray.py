@@ -24,7 +24,6 @@ from rl_app.checkpointing import (
     checkpoint_candidates,
     checkpoint_frames,
     choose_checkpoint,
-    verify_checkpoint,
 )
 from rl_app.checks import machine_cpus
 from rl_app.collection import WeightSync
@@ -43,9 +42,10 @@ from tests.helpers import (
     actor_version,
     collect_around_a_push,
     move_on,
+    named_checkpoint,
     resume_in_process,
     run_train,
-    start_endless_run,
+    stop_a_run,
     wait_for,
 )
 
@@ -219,20 +219,19 @@ def test_a_killed_actor_is_replaced_until_it_keeps_dying_and_the_run_resumes(
 ) -> None:
     run_dir = tmp_path / "run"
     args = [*TINY_RUN, *RAY_RUN, f"run_dir={run_dir}", "ray.max_actor_replacements=1"]
-    run = start_endless_run(tmp_path, *args)
-    try:
-        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
+
+    def kill_an_actor_then_its_replacement(run: subprocess.Popen) -> tuple[set[int], set[int]]:
         wait_for("two actors", lambda: len(collector_actors(run.pid)) == 2, 60)
         first = collector_actors(run.pid)
         os.kill(min(first), signal.SIGKILL)
         new = wait_for("a new actor", lambda: collector_actors(run.pid) - first, 120)
         wait_for("a checkpoint after the replacement", lambda: saved_after_replacing(run_dir), 120)
         os.kill(min(new), signal.SIGKILL)
-        _, stderr = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 1, stderr
+        return first, new
+
+    (first, new), stderr, _ = stop_a_run(
+        tmp_path, run_dir, args, kill_an_actor_then_its_replacement
+    )
     assert re.search(rf"\(Ray actor, pid {min(first)} on .*a new actor takes its place", stderr)
     assert re.search(
         rf"collector worker \d \(Ray actor, pid {min(new)} on \S+\) of env Pendulum-v1 stopped: "
@@ -240,8 +239,6 @@ def test_a_killed_actor_is_replaced_until_it_keeps_dying_and_the_run_resumes(
         r"ray.max_actor_replacements=1 allows",
         stderr,
     ), stderr
-    named = Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1))
-    verify_checkpoint(named)
     rows = read_metrics(run_dir)
     # Every iteration logged once, the policy versions going on across the replacement.
     assert [row["frames"] for row in rows] == list(range(200, rows[-1]["frames"] + 1, 200))
@@ -273,7 +270,7 @@ def test_an_actor_that_fails_stops_the_run_cleanly(shared_ray, tiny_config) -> N
     assert "simulated physics failure" in str(failure.value)
     # Sync actors step in lockstep with the learner (100 frames each per batch): the fault
     # comes at 2,200 frames, after the checkpoint at 2,000, which is intact.
-    named = Path(re.search(r"last good checkpoint: (\S+);", str(failure.value)).group(1))
+    named = named_checkpoint(str(failure.value))
     assert named.name == "checkpoint-000000002000"
     assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
 

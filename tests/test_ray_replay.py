@@ -10,7 +10,6 @@ first test, the tests share one Ray, as tests/test_ray.py's do."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,7 +39,15 @@ from rl_app.replay.service import (
 )
 from rl_app.run import build_run, train
 from rl_app.upstream.ray import TruthfulCollector, warm_up_frames
-from tests.helpers import TINY_RUN, alive, random_play, run_train, saved_state, wait_for
+from tests.helpers import (
+    TINY_RUN,
+    alive,
+    named_checkpoint,
+    random_play,
+    run_train,
+    saved_state,
+    wait_for,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -291,7 +298,7 @@ def test_a_service_whose_process_died_is_named_and_the_last_checkpoint_stays(
         r"stopped: collector worker \d could not reach it \(ActorDiedError",
     ) as failure:
         train(config, on_eval=kill_the_service)
-    named = Path(re.search(r"last good checkpoint: (\S+);", str(failure.value)).group(1))
+    named = named_checkpoint(str(failure.value))
     assert named.name == "checkpoint-000000000400"
     assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
 

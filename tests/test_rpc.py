@@ -32,10 +32,11 @@ from tests.helpers import (
     child_processes,
     collect_around_a_push,
     job_state,
+    kill_the_second_worker,
+    named_checkpoint,
     run_train,
-    start_endless_run,
+    stop_a_run,
     wait_for,
-    workers_of,
 )
 
 pytestmark = pytest.mark.rpc
@@ -80,21 +81,10 @@ def test_a_dead_worker_stops_the_run_naming_it_and_a_resume_finishes_the_run(
 ) -> None:
     run_dir = tmp_path / "run"
     args = [*TINY_RUN, *RPC_RUN, f"run_dir={run_dir}"]
-    run = start_endless_run(tmp_path, *args)  # the resume ends two iterations past its stop
-    try:
-        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
-        workers = workers_of(run.pid)
-        assert len(workers) == 2, workers
-        subprocess.run(["kill", "-KILL", str(workers[1])], check=True)
-        _, stderr = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 1, stderr
+    # The resume ends two iterations past its stop.
+    workers, stderr, named = stop_a_run(tmp_path, run_dir, args, kill_the_second_worker)
     killed = f"collector worker 1 (worker process, pid {workers[1]}) of env Pendulum-v1 stopped"
     assert f"{killed}: killed by SIGKILL" in stderr
-    named = Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1))
-    verify_checkpoint(named)
     assert named in checkpoint_candidates(run_dir / "checkpoints")
     assert not any(alive(worker) for worker in workers)  # the other one was stopped too
     end = read_metrics(run_dir)[-1]["frames"] + 400
@@ -128,7 +118,7 @@ def test_a_worker_that_raises_is_named(tmp_path: Path) -> None:
     )
     # Each worker steps 100 frames per batch: the fault comes at 2,200 frames, after the
     # checkpoint at 2,000.
-    named = Path(re.search(r"last good checkpoint: (\S+);", result.stderr).group(1))
+    named = named_checkpoint(result.stderr)
     assert named.name == "checkpoint-000000002000"
     verify_checkpoint(named)
 
@@ -173,28 +163,23 @@ def test_rpc_workers_as_slurm_jobs_feed_a_run_and_end_with_it(
 @pytest.mark.slurm
 def test_a_cancelled_rpc_job_stops_the_run_naming_it(slurm_cluster: None, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    run = start_endless_run(
-        tmp_path, *TINY_RUN, *RPC_RUN, f"run_dir={run_dir}", "rpc.launcher=slurm",
-        "slurm.profile=local", "collector.address=127.0.0.1",
-    )  # fmt: skip
-    try:
-        wait_for("a checkpoint", lambda: checkpoint_candidates(run_dir / "checkpoints"), 120)
+    args = [*TINY_RUN, *RPC_RUN, f"run_dir={run_dir}", "rpc.launcher=slurm",
+            "slurm.profile=local", "collector.address=127.0.0.1"]  # fmt: skip
+
+    def cancel_a_job(run: subprocess.Popen) -> list[str]:
         jobs = subprocess.run(
             ["squeue", "--noheader", "--format=%i", f"--name={run_dir.name}-collect"],
             capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip
         subprocess.run(["scancel", min(jobs)], check=True)
-        _, stderr = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 1, stderr
+        return jobs
+
+    jobs, stderr, _ = stop_a_run(tmp_path, run_dir, args, cancel_a_job)
     assert re.search(
         rf"collector worker \d \(SLURM job {min(jobs)}\) of env Pendulum-v1 stopped: the job "
         rf"is CANCELLED; its log: \S+/{min(jobs)}_0_log\.err",
         stderr,
     ), stderr
-    verify_checkpoint(Path(re.search(r"last good checkpoint: (\S+);", stderr).group(1)))
     wait_for("the other job to be cancelled too", lambda: not queued(set(jobs)), 60)
 
 
