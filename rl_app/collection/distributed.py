@@ -72,6 +72,15 @@ def state_of(job: submitit.Job) -> str:
     return job.watcher.get_state(job.job_id, mode="force").split()[0]
 
 
+def wait_until_ended(jobs: list[submitit.Job], wait_s: float) -> None:
+    """Wait up to ``wait_s`` for every job to end (completing jobs count as running)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(
+        state_of(job) in (*RUNNING_STATES, "COMPLETING") for job in jobs
+    ):
+        time.sleep(0.5)
+
+
 def ended_jobs(jobs: list[submitit.Job], wait_s: float) -> list[submitit.Job]:
     """The jobs SLURM no longer runs, polling up to ``wait_s`` for one to show."""
     deadline = time.monotonic() + wait_s
@@ -140,18 +149,11 @@ class SlurmCollectionJobs(ExecutorDistributedCollector):
                 except Exception as error:  # a job already gone never answers "down"
                     log.warning("collection jobs did not all stop cleanly (%s)", error)
                 finally:
-                    self.wait_until_ended(JOB_STATE_WAIT_S)
+                    wait_until_ended(self.jobs, JOB_STATE_WAIT_S)
         finally:
             self.cancel_jobs()
             if torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
-
-    def wait_until_ended(self, wait_s: float) -> None:
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(
-            state_of(job) in (*RUNNING_STATES, "COMPLETING") for job in self.jobs
-        ):
-            time.sleep(0.5)
 
     def cancel_jobs(self) -> None:
         for job in self.jobs:

@@ -297,16 +297,16 @@ class RayCollection(ReplaceableActors):
         except RayActorError as error:
             if error.actor_id not in self.actor_ids:
                 raise
-            index = self.actor_ids.index(error.actor_id)
-            where, why = how_it_died(error)
-            raise ActorDied(index, self.env_name, why, where) from error
+            raise self.actor_died(self.actor_ids.index(error.actor_id), error) from error
         except RuntimeError as error:  # gloo's "Connection closed by peer", in a weight push
             dead = self.dead_actor()
             if dead is None:
                 raise
-            index, death = dead
-            where, why = how_it_died(death)
-            raise ActorDied(index, self.env_name, why, where) from error
+            raise self.actor_died(*dead) from error
+
+    def actor_died(self, index: int, death: RayActorError) -> ActorDied:
+        where, why = how_it_died(death)
+        return ActorDied(index, self.env_name, why, where)
 
     def dead_actor(self) -> tuple[int, RayActorError] | None:
         """The index of an actor that has died, and Ray's error, or None if none answers

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,6 +45,7 @@ from rl_app.collection.distributed import (
     CollectionJobEnded,
     ended_jobs,
     state_of,
+    wait_until_ended,
 )
 from rl_app.collection.workers import remote_collector_kwargs
 from rl_app.config import Config
@@ -175,11 +175,7 @@ class RPCCollection(LaunchedRPCCollector):
         """Stop the worker processes, or cancel the jobs still queued or running after
         ``wait_s`` (after a clean shutdown a job ends by itself)."""
         if self.executor is not None and self.jobs:
-            deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(
-                state_of(job) in (*RUNNING_STATES, "COMPLETING") for job in self.jobs
-            ):
-                time.sleep(0.5)
+            wait_until_ended(self.jobs, wait_s)
         for worker in getattr(self, "jobs", []):
             if self.executor is not None:
                 if state_of(worker) in RUNNING_STATES:
