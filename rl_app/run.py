@@ -29,6 +29,7 @@ from rl_app.checkpointing import (
 )
 from rl_app.collection import (
     CollectorState,
+    CollectorStopped,
     Devices,
     WeightSync,
     decide_devices,
@@ -221,7 +222,14 @@ def train_locked(
     config: Config, run_dir: Path, on_eval: EvalHook | None, usr2_grace_s: float | None
 ) -> TrainResult:
     resume_from = find_resume_point(run_dir) if holds_checkpoint(run_dir) else None
-    run = build_run(config, resuming=resume_from is not None)
+    try:
+        run = build_run(config, resuming=resume_from is not None)
+    except CollectorStopped as error:  # a worker died while the collectors started
+        (run_dir / ERROR_LOG).write_text(traceback.format_exc())
+        raise RunFailed(
+            f"training stopped while starting the collectors: {error}\n"
+            f"last good checkpoint: {resume_from}; traceback in {run_dir / ERROR_LOG}"
+        ) from error
     try:
         if resume_from is not None:
             try:

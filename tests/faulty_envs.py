@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 import time
 
 import gymnasium as gym
@@ -50,6 +51,17 @@ class FaultyPendulum(PendulumEnv):
         return observation, reward, terminated, truncated, info
 
 
+class DyingInRayActorPendulum(PendulumEnv):
+    """Pendulum whose construction in a Ray actor kills the actor's process (``kill -9``):
+    an actor lost while the collectors start. Built anywhere else, it is Pendulum."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        if "ray" in sys.modules and sys.modules["ray"].is_initialized():
+            if sys.modules["ray"].get_runtime_context().get_actor_id() is not None:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
 def stop_slowly(seconds: float, signum: int) -> None:
     time.sleep(seconds)
     os._exit(128 + signum)
@@ -73,3 +85,6 @@ NAN_AT_1100 = register("NaNPendulum", 1100, "nan")
 RAISES_AT_1100_BESIDE_A_SLOW_STOP = register(
     "RaisingBesideSlowStopPendulum", 1100, "raise", only_seed=0, stop_s=2.0
 )
+DIES_IN_RAY_ACTORS = "rl_app_test/DyingInRayActorPendulum-v0"
+if DIES_IN_RAY_ACTORS not in gym.envs.registry:
+    gym.register(DIES_IN_RAY_ACTORS, entry_point=DyingInRayActorPendulum, max_episode_steps=200)

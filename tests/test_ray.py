@@ -38,6 +38,7 @@ from tests.helpers import (
     PYTHON,
     ROOT,
     TINY_RUN,
+    TRAIN_PY,
     acting_collector,
     actor_version,
     collect_around_a_push,
@@ -214,7 +215,7 @@ def saved_after_replacing(run_dir: Path) -> bool:
     return bool(replaced) and max(saved) >= replaced[0]
 
 
-def test_a_killed_actor_is_replaced_until_it_keeps_dying_and_the_run_resumes(
+def test_a_killed_actor_is_replaced_until_it_keeps_dying_and_a_resume_reaches_the_end(
     tmp_path: Path,
 ) -> None:
     run_dir = tmp_path / "run"
@@ -244,11 +245,33 @@ def test_a_killed_actor_is_replaced_until_it_keeps_dying_and_the_run_resumes(
     assert [row["frames"] for row in rows] == list(range(200, rows[-1]["frames"] + 1, 200))
     assert all(0 <= row["collector/policy_lag"] <= 1 for row in rows)
     assert max(row["collector/replaced_actors"] for row in rows) == 1
-    end = rows[-1]["frames"] + 400
+    stopped_at, end = rows[-1]["frames"], rows[-1]["frames"] + 4000
 
-    resumed = run_train(tmp_path, *args, f"collector.total_frames={end}")
-    assert resumed.returncode == 0, resumed.stderr
-    assert [row["frames"] for row in read_metrics(run_dir)] == list(range(200, end + 1, 200))
+    def saved_after(frames: int) -> bool:
+        saved = checkpoint_candidates(run_dir / "checkpoints")
+        return max(checkpoint_frames(path) for path in saved) > frames
+
+    # The resumed run counts its replacements afresh: an actor killed once it has saved a
+    # checkpoint past the stop (an evaluation every two iterations, of 20) is replaced, and
+    # the run reaches its end.
+    resumed = subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *args, f"collector.total_frames={end}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        saved = wait_for("a checkpoint of the resumed run", lambda: saved_after(stopped_at), 120)
+        os.kill(min(collector_actors(resumed.pid)), signal.SIGKILL)
+        _, stderr = resumed.communicate(timeout=300)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    assert saved and resumed.returncode == 0, stderr
+    assert "a new actor takes its place (replacement 1 of at most 1)" in stderr
+    rows = read_metrics(run_dir)
+    assert [row["frames"] for row in rows] == list(range(200, end + 1, 200))
+    after_resume = [row for row in rows if row["frames"] > stopped_at]
+    assert all(0 <= row["collector/policy_lag"] <= 1 for row in after_resume)
+    assert after_resume[-1]["collector/replaced_actors"] == 1
 
 
 def test_the_docs_state_the_replacement_settings_the_code_has() -> None:
@@ -273,6 +296,21 @@ def test_an_actor_that_fails_stops_the_run_cleanly(shared_ray, tiny_config) -> N
     named = named_checkpoint(str(failure.value))
     assert named.name == "checkpoint-000000002000"
     assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
+
+
+def test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops(
+    shared_ray, tiny_config
+) -> None:
+    env_name = f"tests.faulty_envs:{faulty_envs.DIES_IN_RAY_ACTORS}"
+    with pytest.raises(RunFailed) as failure:
+        train(tiny_config(f"env.name={env_name}", *RAY_RUN))
+    assert re.search(
+        r"^training stopped while starting the collectors: collector worker \d \(Ray actor, "
+        rf"pid \d+ on \S+\) of env {env_name} stopped: as the "
+        r"collectors started, its process ended \(worker exit type \w+\); its log: ",
+        str(failure.value),
+    ), failure.value
+    assert str(failure.value).splitlines()[1].startswith("last good checkpoint: None;")
 
 
 def test_a_run_resumes_on_new_actors_under_new_trajectory_ids(shared_ray, tiny_config) -> None:

@@ -303,6 +303,26 @@ def test_a_service_whose_process_died_is_named_and_the_last_checkpoint_stays(
     assert named == choose_checkpoint(Path(config.run_dir) / "checkpoints")[0]
 
 
+def test_a_collector_actor_killed_while_writing_into_the_service_is_replaced(
+    shared_ray, tiny_config
+) -> None:
+    config = tiny_config(*SERVICE_RUN, "collector.total_frames=2000")
+    earlier_actors = actor_processes("ActorCollector")
+    killed = []
+
+    def kill_an_actor(frames: int, score: float) -> None:
+        if not killed:  # at the first evaluation, 400 frames in
+            killed.append(min(actor_processes("ActorCollector") - earlier_actors))
+            os.kill(killed[0], signal.SIGKILL)
+
+    result = train(config, on_eval=kill_an_actor)
+    assert killed and result.frames == 2000 and result.stopped_by is None
+    rows = read_metrics(Path(config.run_dir))
+    assert [row["frames"] for row in rows] == list(range(200, 2001, 200))
+    assert rows[-1]["collector/replaced_actors"] == 1
+    assert all(0 <= row["collector/policy_lag"] <= 1 for row in rows)
+
+
 def test_a_service_that_died_before_the_learners_own_call_is_named(shared_ray, tiny_config) -> None:
     config = tiny_config(*SERVICE_RUN, "collector.total_frames=400")
     earlier_services = actor_processes("ServiceReplayBuffer")

@@ -112,7 +112,12 @@ def make_collector(config: Config, algorithm: Algorithm, devices: Devices) -> Ba
     return make_worker_collector(config, algorithm.policy_factory(), common)
 
 
-class WorkerDied(RuntimeError):
+class CollectorStopped(RuntimeError):
+    """A collector worker (process, SLURM job or Ray actor) stopped; the message names it in
+    one form: ``collector worker N (kind, where it ran) of env E stopped: how it ended``."""
+
+
+class WorkerDied(CollectorStopped):
     """A collector worker process stopped."""
 
     def __init__(self, index: int, process: BaseProcess, env_name: str) -> None:

@@ -31,6 +31,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.collectors import Collector
 
+from rl_app.collection import CollectorStopped
 from rl_app.config import Config
 from rl_app.envs import env_factory, worker_seed
 from rl_app.launch.cluster import JOB_DIR, collection_job_settings, make_executor
@@ -51,7 +52,7 @@ JOB_STATE_WAIT_S = 30.0
 RUNNING_STATES = ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "UNKNOWN")
 
 
-class CollectionJobEnded(RuntimeError):
+class CollectionJobEnded(CollectorStopped):
     """A collection job stopped while the learner needed it: named as every collector
     is, ``collector worker N (SLURM job J) of env E stopped: the job is STATE; its log:
     PATH``, and the jobs that ended with it."""

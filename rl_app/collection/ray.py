@@ -42,6 +42,7 @@ from tensordict import TensorDict, TensorDictBase
 from torch import nn
 
 from rl_app.checks import machine_cpus
+from rl_app.collection import CollectorStopped
 from rl_app.collection.workers import remote_collector_kwargs
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY, env_factory, worker_seed
@@ -86,7 +87,7 @@ def connect_ray(address: str | None) -> bool:
 DEAD_ACTOR_ANSWER_S = 10.0
 
 
-class ActorStopped(RuntimeError):
+class ActorStopped(CollectorStopped):
     """A collector actor died, or raised while collecting."""
 
     def __init__(self, index: int, env_name: str, why: str, where: str | None = None) -> None:
@@ -193,9 +194,13 @@ class RayCollection(ReplaceableActors):
                 self.service = replay_service()
             with quiet_construction_warnings():
                 super().__init__(replay_buffer=self.service, **kwargs)
-        except BaseException:
+        except BaseException as error:
+            died = self.died_starting(error)
+            self.release_actors()
             self.close_service()
             self.disconnect()
+            if died is not None:
+                raise died from error
             raise
         self.actor_ids = [actor_id(actor) for actor in self.remote_collectors]
         self.replaced = [0] * len(self.remote_collectors)  # replacements of each actor
@@ -230,7 +235,8 @@ class RayCollection(ReplaceableActors):
     def load_state_dict(self, state: list[dict[str, Any]]) -> None:
         """Each actor's state, but its policy version: a run's actors count the pushes this
         process relayed, as the learner does (:class:`rl_app.collection.WeightSync`)."""
-        super().load_state_dict([{**actor, "policy_version": self.pushes} for actor in state])
+        states = [{**actor, "policy_version": self.pushes} for actor in state]
+        self.replacing_dead_actors(functools.partial(super().load_state_dict, states))
 
     def drain(self) -> int:
         """Wait until every batch in flight (asynchronous actors keep collecting between
@@ -303,6 +309,16 @@ class RayCollection(ReplaceableActors):
             if dead is None:
                 raise
             raise self.actor_died(*dead) from error
+
+    def died_starting(self, error: BaseException) -> ActorStopped | None:
+        """The error naming the actor whose death ``error`` is, if it is one of the actors
+        this collection was starting: no new actor takes the place of one dying then."""
+        ids = [actor_id(actor) for actor in getattr(self, "remote_collectors", ())]
+        if not isinstance(error, RayActorError) or error.actor_id not in ids:
+            return None
+        where, why = how_it_died(error)
+        index = ids.index(error.actor_id)
+        return ActorStopped(index, self.env_name, f"as the collectors started, {why}", where)
 
     def actor_died(self, index: int, death: RayActorError) -> ActorDied:
         where, why = how_it_died(death)

@@ -182,6 +182,15 @@ class ReplaceableActors(RayCollector):
         self.actor_parts = (num_envs, policy, collector_kwargs, remote_configs)
         super().add_collectors(create_env_fn, num_envs, policy, collector_kwargs, remote_configs)
 
+    def release_actors(self) -> None:
+        """Kill the actors started so far, and forget them, when construction failed: left
+        to TorchRL's ``__del__``, the kill comes after Ray is shut down, and starts a new
+        local Ray to do it (which then never lets the process exit). Test:
+        ``test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops``."""
+        for actor in getattr(self, "_remote_collectors", ()):
+            ray.kill(actor, no_restart=True)
+        self._remote_collectors = []
+
     def replace_actor(
         self, index: int, env_maker: Any, weights: TensorDictBase, start_timeout_s: float
     ) -> ActorHandle:
