@@ -245,14 +245,14 @@ def test_a_killed_actor_is_replaced_until_it_keeps_dying_and_a_resume_reaches_th
     assert [row["frames"] for row in rows] == list(range(200, rows[-1]["frames"] + 1, 200))
     assert all(0 <= row["collector/policy_lag"] <= 1 for row in rows)
     assert max(row["collector/replaced_actors"] for row in rows) == 1
-    stopped_at, end = rows[-1]["frames"], rows[-1]["frames"] + 4000
+    stopped_at, end = rows[-1]["frames"], rows[-1]["frames"] + 2000
 
     def saved_after(frames: int) -> bool:
         saved = checkpoint_candidates(run_dir / "checkpoints")
         return max(checkpoint_frames(path) for path in saved) > frames
 
     # The resumed run counts its replacements afresh: an actor killed once it has saved a
-    # checkpoint past the stop (an evaluation every two iterations, of 20) is replaced, and
+    # checkpoint past the stop (an evaluation every two iterations, of 10) is replaced, and
     # the run reaches its end.
     resumed = subprocess.Popen(
         [PYTHON, str(TRAIN_PY), *args, f"collector.total_frames={end}"],

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import warnings
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import ray
@@ -188,7 +188,8 @@ class ReplaceableActors(RayCollector):
         local Ray to do it (which then never lets the process exit). Test:
         ``test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops``."""
         for actor in getattr(self, "_remote_collectors", ()):
-            ray.kill(actor, no_restart=True)
+            with suppress(Exception):  # the error that stopped it is the one to tell
+                ray.kill(actor, no_restart=True)
         self._remote_collectors = []
 
     def replace_actor(
