@@ -6,6 +6,7 @@ checkpoint, with the traceback in the run directory's ``error.log``."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -121,42 +122,52 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     algorithm = make_algorithm(config, spec_env, devices.learner)
     keys = algorithm.replay_keys()
     transition = stored_transition(spec_env, keys)
-    if config.replay.service == "ray":
-        from rl_app.replay.service import ServiceReplay, ServiceReplayState
+    # What is built is closed again if a later part fails (a worker dying at the first
+    # weight push, a logger that cannot start): its workers would outlive the error.
+    with contextlib.ExitStack() as built:
+        if config.replay.service == "ray":
+            from rl_app.replay.service import ServiceReplay, ServiceReplayState
 
-        spec_env.close()
-        # The collector's actors write into the service it owns (rl_app.replay.service).
-        collector = make_collector(config, algorithm, devices)
-        buffer = ServiceReplay(collector.service, devices.learner)
-        try:
-            buffer.client.allocate(keys, transition, run_dir / JOURNAL_DIR)
-        except OSError as error:
-            collector.shutdown()
-            raise RunFailed(f"the replay buffer cannot take its space: {error.strerror}") from None
-        # Its checkpoints journal in its actor: the replay state is the journal too.
-        journal = replay_state = ServiceReplayState(buffer, collector.drain)
-    else:
-        buffer, journal = make_local_replay(config, algorithm, devices, spec_env, transition)
-        collector = make_collector(config, algorithm, devices)
-        replay_state = ReplayState(buffer, journal)
-    progress = Progress()
-    logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
-    checkpoints = RunCheckpoints(
-        run_dir / CHECKPOINTS_DIR,
-        config.checkpoint.keep_last,
-        {
-            **algorithm.checkpoint_components(),
-            POLICY_COMPONENT: algorithm.policy,
-            "replay_buffer": replay_state,
-            "collector": CollectorState(collector),
-            "rng": GlobalRNGState(),
-            "progress": progress,
-            "logger": logger,
-            "config": dataclasses.asdict(config),
-        },
-        journal,
-    )
-    weight_sync = WeightSync(collector, algorithm, config.env.name)
+            spec_env.close()
+            # The collector's actors write into the service it owns (rl_app.replay.service).
+            collector = make_collector(config, algorithm, devices)
+            built.callback(collector.shutdown)
+            buffer = ServiceReplay(collector.service, devices.learner)
+            try:
+                buffer.client.allocate(keys, transition, run_dir / JOURNAL_DIR)
+            except OSError as error:
+                raise RunFailed(
+                    f"the replay buffer cannot take its space: {error.strerror}"
+                ) from None
+            # Its checkpoints journal in its actor: the replay state is the journal too.
+            journal = replay_state = ServiceReplayState(buffer, collector.drain)
+        else:
+            buffer, journal = make_local_replay(config, algorithm, devices, spec_env, transition)
+            if journal is not None:
+                built.callback(journal.close)
+            collector = make_collector(config, algorithm, devices)
+            built.callback(collector.shutdown)
+            replay_state = ReplayState(buffer, journal)
+        progress = Progress()
+        logger = RunLogger(config.logger, run_dir, config.collector.total_frames)
+        built.callback(logger.close)
+        checkpoints = RunCheckpoints(
+            run_dir / CHECKPOINTS_DIR,
+            config.checkpoint.keep_last,
+            {
+                **algorithm.checkpoint_components(),
+                POLICY_COMPONENT: algorithm.policy,
+                "replay_buffer": replay_state,
+                "collector": CollectorState(collector),
+                "rng": GlobalRNGState(),
+                "progress": progress,
+                "logger": logger,
+                "config": dataclasses.asdict(config),
+            },
+            journal,
+        )
+        weight_sync = WeightSync(collector, algorithm, config.env.name)
+        built.pop_all()  # from here on, Run.close closes them
     return Run(
         config, run_dir, devices, algorithm, buffer, collector, weight_sync, progress,
         checkpoints, logger, PhaseTimer(),

@@ -52,13 +52,16 @@ class FaultyPendulum(PendulumEnv):
 
 
 class DyingInRayActorPendulum(PendulumEnv):
-    """Pendulum whose construction in a Ray actor kills the actor's process (``kill -9``):
-    an actor lost while the collectors start. Built anywhere else, it is Pendulum."""
+    """Pendulum whose construction in a Ray actor kills the actor's process (``kill -9``),
+    or with ``raises`` raises: an actor lost while the collectors start. Built anywhere
+    else, it is Pendulum."""
 
-    def __init__(self, **kwargs) -> None:
+    def __init__(self, raises: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         if "ray" in sys.modules and sys.modules["ray"].is_initialized():
             if sys.modules["ray"].get_runtime_context().get_actor_id() is not None:
+                if raises:
+                    raise ValueError("no simulator licence on this node")
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -86,5 +89,12 @@ RAISES_AT_1100_BESIDE_A_SLOW_STOP = register(
     "RaisingBesideSlowStopPendulum", 1100, "raise", only_seed=0, stop_s=2.0
 )
 DIES_IN_RAY_ACTORS = "rl_app_test/DyingInRayActorPendulum-v0"
-if DIES_IN_RAY_ACTORS not in gym.envs.registry:
-    gym.register(DIES_IN_RAY_ACTORS, entry_point=DyingInRayActorPendulum, max_episode_steps=200)
+RAISES_IN_RAY_ACTORS = "rl_app_test/RaisingInRayActorPendulum-v0"
+for env_id, raises in ((DIES_IN_RAY_ACTORS, False), (RAISES_IN_RAY_ACTORS, True)):
+    if env_id not in gym.envs.registry:
+        gym.register(
+            env_id,
+            entry_point=DyingInRayActorPendulum,
+            max_episode_steps=200,
+            kwargs={"raises": raises},
+        )

@@ -313,6 +313,21 @@ def test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops(
     assert str(failure.value).splitlines()[1].startswith("last good checkpoint: None;")
 
 
+def test_an_actor_whose_constructor_raises_is_named_and_train_py_exits(tmp_path: Path) -> None:
+    env_name = f"tests.faulty_envs:{faulty_envs.RAISES_IN_RAY_ACTORS}"
+    args = [*TINY_RUN, *RAY_RUN, f"run_dir={tmp_path / 'run'}", f"env.name={env_name}"]
+    result = run_train(ROOT, *args)  # the process and the Ray it started end
+    assert result.returncode == 1, result.stderr
+    assert re.search(
+        r"training stopped while starting the collectors: collector worker \d \(Ray actor, "
+        rf"pid \d+ on \S+\) of env {env_name} stopped: as the collectors started, its "
+        r"constructor raised ValueError: no simulator licence on this node\n"
+        r"last good checkpoint: None; traceback in ",
+        result.stderr,
+    ), result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_run_resumes_on_new_actors_under_new_trajectory_ids(shared_ray, tiny_config) -> None:
     train(tiny_config(*RAY_RUN, "collector.total_frames=600"))  # episodes cut mid-way
     config = tiny_config(*RAY_RUN)

@@ -196,9 +196,11 @@ class RayCollection(ReplaceableActors):
                 super().__init__(replay_buffer=self.service, **kwargs)
         except BaseException as error:
             died = self.died_starting(error)
-            self.release_actors()
-            self.close_service()
-            self.disconnect()
+            try:
+                self.release_actors()
+                self.close_service()
+            finally:
+                self.disconnect()
             if died is not None:
                 raise died from error
             raise

@@ -38,6 +38,7 @@ from tensordict import TensorDictBase
 from torch.distributed import rpc
 from torchrl.collectors import Collector
 
+from rl_app.collection import CollectorStopped
 from rl_app.collection.distributed import (
     COLLECTION_JOBS_DIR,
     JOB_STATE_WAIT_S,
@@ -64,7 +65,7 @@ from rl_app.upstream.torchrl_collectors import (
 log = logging.getLogger("rl_app")
 
 
-class WorkerFailed(RuntimeError):
+class WorkerFailed(CollectorStopped):
     """A collector worker raised while collecting (its process still runs)."""
 
     def __init__(self, index: int, env_name: str, why: str) -> None:

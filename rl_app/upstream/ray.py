@@ -34,9 +34,16 @@ def how_it_died(error: RayActorError) -> tuple[str | None, str]:
     exposes neither as attributes): e.g. ``("pid 508 on 192.0.2.2", "its process ended
     (worker exit type SYSTEM_ERROR); its log: <Ray's logs>/worker-*-508.err on
     192.0.2.2")``; where is None when the error does not say. A process killed by a signal
-    reads as SYSTEM_ERROR: Ray does not record the signal. Test:
-    ``test_an_actor_killed_between_batches_is_named_by_the_next_weight_push``."""
+    reads as SYSTEM_ERROR: Ray does not record the signal. An actor whose constructor
+    raised is told by the error that ends its traceback. Tests:
+    ``test_an_actor_killed_between_batches_is_named_by_the_next_weight_push``,
+    ``test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops``."""
     text = str(error)
+    if error.actor_init_failed:  # the text is the constructor's traceback
+        started = re.search(r"\(pid=(\d+), ip=([^,)]+)", text)
+        raised = text.rstrip().splitlines()[-1]
+        where = None if started is None else f"pid {started[1]} on {started[2]}"
+        return where, f"its constructor raised {raised}"
     pid = re.search(r"^\s*pid: (\d+)$", text, re.MULTILINE)
     node = re.search(r"^\s*ip: (\S+)$", text, re.MULTILINE)
     exit_type = re.search(r"Worker exit type: (\w+)", text)
@@ -187,6 +194,8 @@ class ReplaceableActors(RayCollector):
         to TorchRL's ``__del__``, the kill comes after Ray is shut down, and starts a new
         local Ray to do it (which then never lets the process exit). Test:
         ``test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops``."""
+        if not ray.is_initialized():  # ray.kill would start a Ray of its own
+            return
         for actor in getattr(self, "_remote_collectors", ()):
             with suppress(Exception):  # the error that stopped it is the one to tell
                 ray.kill(actor, no_restart=True)
