@@ -13,8 +13,9 @@ import re
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
@@ -160,25 +161,42 @@ def test_a_replaced_actor_joins_the_weight_sync_of_the_survivors(
         weight_sync = WeightSync(collector, algorithm, config.env.name)  # version 1
         snapshots = {1: copy.deepcopy(algorithm.policy.state_dict())}
         batches = iter(collector)
-        before = [next(batches) for _ in range(2)]
+        # Asynchronous batches are each one actor's, whichever is ready first: collected
+        # until actor 1 (odd trajectory ids) has sent one, and later until its new actor has.
+        before = batches_until(batches, lambda frames: (frames[TRAJECTORY_KEY] % 2 == 1).any())
         kill_actor(collector.remote_collectors[1])
         move_on(algorithm.policy)  # not pushed: a new actor acts with version 1
         if phase == "pushing":
             weight_sync.push()  # finds the dead actor, replaces it, then pushes version 2
             snapshots[2] = copy.deepcopy(algorithm.policy.state_dict())
-        after = torch.cat([next(batches).reshape(-1) for _ in range(6)])
+        # Actor 1's frames: the dead one's, in the batches before and perhaps one it had
+        # sent when killed (130 frames: at most one more 200-step Pendulum episode, id + 2),
+        # then the new one's, under ids no dead one used.
+        seen = before[TRAJECTORY_KEY]
+        dead_ids = seen[seen % 2 == 1].max() + 2
+
+        def of_the_new_actor(frames: torch.Tensor) -> torch.Tensor:
+            ids = frames[TRAJECTORY_KEY]
+            return frames[(ids % 2 == 1) & (ids > dead_ids)]
+
+        after = batches_until(batches, lambda frames: len(of_the_new_actor(frames)) >= 130)
         assert collector.metrics() == {"collector/replaced_actors": 1}
     version = weight_sync.version
-    # Actor 1's frames: the dead one's, in the batches before and perhaps one it had sent
-    # when killed (130 frames: at most one more 200-step Pendulum episode, id + 2), then the
-    # new one's, under ids no dead one used.
-    seen = torch.cat([batch.reshape(-1) for batch in before])[TRAJECTORY_KEY]
-    dead_ids = seen[seen % 2 == 1].max() + 2
-    new_actor = after[(after[TRAJECTORY_KEY] % 2 == 1) & (after[TRAJECTORY_KEY] > dead_ids)]
+    new_actor = of_the_new_actor(after)
     assert len(new_actor) >= 130
     # It acts with the weights the others have, under their version.
     assert (new_actor["next", "policy_version"] == version).all()
     assert (actor_version(new_actor, snapshots, algorithm.policy) == version).all()
+
+
+def batches_until(batches: Iterator, enough: Callable[[Any], Any], most: int = 100) -> Any:
+    """The frames of the next batches of ``batches``, concatenated, up to the first for
+    which ``enough(frames)`` holds (``most`` batches at most)."""
+    taken = []
+    while not taken or not enough(frames := torch.cat(taken)):
+        assert len(taken) < most, f"not enough after {most} batches"
+        taken.append(next(batches).reshape(-1))
+    return frames
 
 
 def collector_actors(pid: int) -> set[int]:
