@@ -28,8 +28,11 @@ from tests.helpers import FINAL_STATES, PYTHON, ROOT, TINY_RUN, job_state, wait_
 
 pytestmark = pytest.mark.slurm
 
-# Six iterations of 200 frames, a checkpoint every 400: room to stop a trial in its middle.
-TRIAL_RUN = [*TINY_RUN, "optim.batch_size=48"]
+# Twenty iterations of 200 frames, a checkpoint every 400: a trial still runs when the test
+# has seen the first checkpoints of both (six iterations took 3 s, as long as the second
+# worker took to start).
+TRIAL_FRAMES = 4000
+TRIAL_RUN = [*TINY_RUN, "optim.batch_size=48", f"collector.total_frames={TRIAL_FRAMES}"]
 
 
 def write_sweep(tmp_path: Path, **changes: Any) -> Path:
@@ -112,13 +115,14 @@ def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
     assert sorted(p.name for p in sweep_dir.glob("trial-*")) == [f"trial-000{n}" for n in range(3)]
     for trial in sweep_dir.glob("trial-*"):
         # No iteration lost or repeated: the trials resumed, none restarted from 0.
-        assert [row["frames"] for row in read_metrics(trial)] == list(range(200, 1201, 200))
+        frames = [row["frames"] for row in read_metrics(trial)]
+        assert frames == list(range(200, TRIAL_FRAMES + 1, 200))
 
     # Trial 0 stopped at an iteration boundary with a checkpoint; its requeued job resumed it.
     preempted = [row for row in read_attempts(first) if row["event"] == "preempted"]
     assert len(preempted) == 1 and preempted[0]["requeued"]
     frames = preempted[0]["frames"]
-    assert 0 < frames < 1200 and frames % 200 == 0
+    assert 0 < frames < TRIAL_FRAMES and frames % 200 == 0
     assert trial_attempts(first) == [
         ("start", preempted_job, 0), ("preempted", preempted_job, 0),
         ("start", preempted_job, 1), ("finished", preempted_job, 1),
