@@ -115,8 +115,8 @@ def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
     assert sorted(p.name for p in sweep_dir.glob("trial-*")) == [f"trial-000{n}" for n in range(3)]
     for trial in sweep_dir.glob("trial-*"):
         # No iteration lost or repeated: the trials resumed, none restarted from 0.
-        frames = [row["frames"] for row in read_metrics(trial)]
-        assert frames == list(range(200, TRIAL_FRAMES + 1, 200))
+        logged = [row["frames"] for row in read_metrics(trial)]
+        assert logged == list(range(200, TRIAL_FRAMES + 1, 200))
 
     # Trial 0 stopped at an iteration boundary with a checkpoint; its requeued job resumed it.
     preempted = [row for row in read_attempts(first) if row["event"] == "preempted"]

@@ -37,7 +37,7 @@ def how_it_died(error: RayActorError) -> tuple[str | None, str]:
     reads as SYSTEM_ERROR: Ray does not record the signal. An actor whose constructor
     raised is told by the error that ends its traceback. Tests:
     ``test_an_actor_killed_between_batches_is_named_by_the_next_weight_push``,
-    ``test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops``."""
+    ``test_an_actor_whose_constructor_raises_is_named_and_train_py_exits``."""
     text = str(error)
     if error.actor_init_failed:  # the text is the constructor's traceback
         started = re.search(r"\(pid=(\d+), ip=([^,)]+)", text)
@@ -194,12 +194,11 @@ class ReplaceableActors(RayCollector):
         to TorchRL's ``__del__``, the kill comes after Ray is shut down, and starts a new
         local Ray to do it (which then never lets the process exit). Test:
         ``test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops``."""
-        if not ray.is_initialized():  # ray.kill would start a Ray of its own
-            return
-        for actor in getattr(self, "_remote_collectors", ()):
-            with suppress(Exception):  # the error that stopped it is the one to tell
-                ray.kill(actor, no_restart=True)
-        self._remote_collectors = []
+        if ray.is_initialized():  # else ray.kill would start a Ray of its own
+            for actor in getattr(self, "_remote_collectors", ()):
+                with suppress(Exception):  # the error that stopped it is the one to tell
+                    ray.kill(actor, no_restart=True)
+        self._remote_collectors = []  # forgotten either way: nothing left for __del__
 
     def replace_actor(
         self, index: int, env_maker: Any, weights: TensorDictBase, start_timeout_s: float
