@@ -1,4 +1,5 @@
-"""Deterministic evaluation: its episodes played side by side, one per env of a batch."""
+"""Deterministic evaluation through TorchRL's ``Evaluator``: its episodes played side by
+side, one per env of a batch."""
 
 from __future__ import annotations
 
@@ -7,15 +8,22 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import gymnasium as gym
 import torch
+from tensordict import TensorDictBase
 from tensordict.nn import TensorDictModuleBase
-from torchrl.envs import EnvBase, SerialEnv
-from torchrl.envs.utils import ExplorationType, set_exploration_type
+from torchrl.collectors import Evaluator
+from torchrl.envs import EnvBase, SerialEnv, Transform, TransformedEnv
 
 from rl_app.config import Config
 from rl_app.envs import EVAL_SEED_OFFSET, SUCCESS_KEY, make_env
 from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
-from rl_app.upstream.torchrl import close_keeping_threads, gymnasium_env
+from rl_app.upstream.torchrl import close_keeping_threads, gymnasium_env, keeping_threads
+
+# Steps of the whole batch per collection of the Evaluator's collector: each collection
+# costs calls of its own, and the steps after the last episode ended are played for nothing
+# (docs/speed.md, "Episodes as a batch").
+STEPS_PER_COLLECTION = 25
 
 
 @dataclasses.dataclass
@@ -62,8 +70,9 @@ def play_episodes(
     abandon_point: Callable[[], None] = no_stop,
 ) -> Episodes:
     """The first ``episodes`` evaluation episodes (with ``seed``, those of an evaluation
-    seeded so), played by ``policy`` deterministically in a batch of envs, episode k in
-    env k (:func:`episode_env`), until each has ended once.
+    seeded so), played by ``policy`` deterministically through TorchRL's ``Evaluator``, in a
+    batch of envs: episode k in env k (:func:`episode_env`), which takes no step once its
+    episode has ended (:class:`FirstEpisodeOnly`).
 
     The policy acts on the whole batch at every step. Where it still explores
     (``dqn.eval_eps``), it draws from torch's generator seeded with the env seed, so
@@ -72,36 +81,91 @@ def play_episodes(
     starts = episode_starts(config, seed, episodes, abandon_point)
     # One factory for all (with each env's own arguments): SerialEnv then builds one env,
     # not each, to learn their specs.
-    env = SerialEnv(
+    batch = SerialEnv(
         episodes,
         functools.partial(episode_env, config, seed, abandon_point=abandon_point),
         create_env_kwargs=[{"index": k, "start": start} for k, start in enumerate(starts)],
     )
-    playing = torch.ones(episodes, 1, dtype=torch.bool)
-    returns = torch.zeros(episodes)
-    reached_goal = torch.zeros(episodes, dtype=torch.bool)
-    goal_env = SUCCESS_KEY in env.observation_spec.keys()
+    played: list[Episodes] = []
+
+    def record(trajectories: TensorDictBase) -> dict[str, float]:
+        played.append(outcomes(trajectories))
+        return {}  # no metric of the evaluator's own: the scores come from the episodes
+
+    evaluator = None
     try:
-        with (
-            torch.no_grad(),
-            set_exploration_type(ExplorationType.DETERMINISTIC),
-            torch.random.fork_rng(),
-        ):
-            torch.manual_seed(seed)
-            state = env.reset()
-            while playing.any():
-                abandon_point()
-                # "_step": ended episodes' envs take no more steps (TorchRL's partial steps).
-                state = env.step(policy(state).set("_step", playing))
-                ends = (state["next", "done"] & playing).squeeze(-1)
-                returns[ends] = state["next", "episode_reward"][ends].squeeze(-1)
-                if goal_env:
-                    reached_goal[ends] = state["next", SUCCESS_KEY][ends].squeeze(-1)
-                playing &= ~state["next", "done"]
-                state = env.step_mdp(state)
+        evaluator = Evaluator(
+            TransformedEnv(batch, FirstEpisodeOnly(seed, abandon_point)),
+            policy,
+            num_trajectories=episodes,
+            frames_per_batch=episodes * STEPS_PER_COLLECTION,
+            # Only what the scores need is kept of each step: not a game's frames.
+            collector_kwargs={"traj_format": "cat", "postproc": episode_keys},
+            metrics_fn=record,
+            dump_video=False,
+        )
+        with torch.random.fork_rng():
+            evaluator.evaluate()
     finally:
-        close_keeping_threads(env)
-    return Episodes(returns, reached_goal if goal_env else None)
+        with keeping_threads():
+            if evaluator is not None:
+                evaluator.shutdown()  # its collector closes the batch
+        close_keeping_threads(batch)  # where the collector was never built
+    return played[0]
+
+
+# What a trajectory keeps for the scores (SUCCESS_KEY in goal envs only).
+EPISODE_KEYS = (
+    ("next", "done"), ("next", "episode_reward"), ("next", SUCCESS_KEY), ("collector", "traj_ids"),
+)  # fmt: skip
+
+
+def episode_keys(steps: TensorDictBase) -> TensorDictBase:
+    return steps.select(*EPISODE_KEYS, strict=False)
+
+
+def outcomes(trajectories: TensorDictBase) -> Episodes:
+    """Each episode's return and, in a goal env, whether its last step reached the goal,
+    in the order of the envs: the evaluator numbers its first trajectories so."""
+    ends = trajectories["next", "done"].reshape(-1)
+    order = trajectories["collector", "traj_ids"].reshape(-1)[ends].argsort()
+    returns = trajectories["next", "episode_reward"].reshape(-1)[ends][order]
+    reached_goal = None
+    if ("next", SUCCESS_KEY) in trajectories.keys(include_nested=True):
+        reached_goal = trajectories["next", SUCCESS_KEY].reshape(-1)[ends][order]
+    return Episodes(returns, reached_goal)
+
+
+class FirstEpisodeOnly(Transform):
+    """Over a batch of envs: each plays its first episode after a full reset and takes no
+    step after it ended (TorchRL's partial steps, ``"_step"``), so that an evaluator
+    collecting as many trajectories as there are envs gets exactly those episodes.
+
+    A full reset seeds torch's generator with ``seed`` (the draws of a policy that still
+    explores); ``between_steps`` is called before every step."""
+
+    def __init__(self, seed: int, between_steps: Callable[[], None] = no_stop) -> None:
+        super().__init__()
+        self.seed = seed
+        self.between_steps = between_steps
+        self.playing: torch.Tensor | None = None
+
+    def _reset(
+        self, tensordict: TensorDictBase | None, tensordict_reset: TensorDictBase
+    ) -> TensorDictBase:
+        reset = tensordict.get("_reset", None) if tensordict is not None else None
+        if reset is None or reset.all():
+            self.playing = torch.ones((*tensordict_reset.batch_size, 1), dtype=torch.bool)
+            torch.manual_seed(self.seed)
+        return tensordict_reset
+
+    def _inv_call(self, tensordict: TensorDictBase) -> TensorDictBase:
+        self.between_steps()
+        return tensordict.set("_step", self.playing.clone())
+
+    def _step(self, tensordict: TensorDictBase, next_tensordict: TensorDictBase) -> TensorDictBase:
+        self.playing &= ~next_tensordict["done"]
+        return next_tensordict
 
 
 def evaluation_seed(config: Config) -> int:
@@ -152,8 +216,23 @@ def episode_env(
         render_mode=render_mode,
         network=config.network,
     )
-    gymnasium_env(env).unwrapped.np_random.bit_generator.state = start
+    env.append_transform(StartsFrom(gymnasium_env(env), start))
     return env
+
+
+class StartsFrom(Transform):
+    """Every reset of the env draws its episode from the random state ``start``: an
+    evaluator resets its env more than once before the first step (its collector when
+    built, then each evaluation)."""
+
+    def __init__(self, gym_env: gym.Env, start: dict[str, Any]) -> None:
+        super().__init__()
+        self.gym_env = gym_env
+        self.start = start
+
+    def _reset_env_preprocess(self, tensordict: TensorDictBase | None) -> TensorDictBase | None:
+        self.gym_env.unwrapped.np_random.bit_generator.state = self.start
+        return tensordict
 
 
 def evaluation_env(

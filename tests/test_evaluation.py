@@ -113,3 +113,22 @@ def test_evaluation_env_plays_the_first_episode(tiny_config) -> None:
     with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
         episode = env.rollout(episode_horizon(config.env.name), policy, break_when_any_done=True)
     assert episode["next", "episode_reward"][-1, 0] == play_episodes(config, policy, 1).returns[0]
+
+
+def test_an_evaluation_leaves_the_thread_count_and_the_generator_as_they_were(
+    tiny_config,
+) -> None:
+    """The Evaluator's collector closes its batch of envs, which sets torch's thread count
+    (rl_app.upstream.torchrl.keeping_threads), and the evaluation seeds torch's generator:
+    the learner sees neither."""
+    config = tiny_config(preset="dqn_cartpole")
+    policy = fresh_policy(config)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        generator = torch.get_rng_state()
+        play_episodes(config, policy, EPISODES)
+        assert torch.get_num_threads() == 1
+        assert torch.equal(torch.get_rng_state(), generator)
+    finally:
+        torch.set_num_threads(threads)

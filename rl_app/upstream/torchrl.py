@@ -5,6 +5,8 @@ without it never loads them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import gymnasium as gym
@@ -42,22 +44,28 @@ def next_step_input(collector: Collector) -> TensorDictBase:
 # -- 5. a batch of envs that changes the thread count when it closes ----------------------
 
 
-def close_keeping_threads(env: BatchedEnvBase) -> None:
-    """Close ``env`` (a ``SerialEnv`` or ``ParallelEnv``) and leave torch's thread count as
-    it was. TorchRL's ``close`` sets it to ``min(the count at import, now + workers)``, even
-    for a ``SerialEnv``, which never lowered it: after one evaluation a run with
-    ``threads=1`` would compute its updates on more threads, and float rounding would
-    change what it learns. Test: ``test_closing_a_serial_env_still_raises_the_thread_count``.
-
-    A batch whose envs failed to start (a stop dropping the evaluation as they were built)
-    counts as closed already, and TorchRL's ``close`` raises for it: not here, so that the
-    exception that stopped it is the one that propagates. Test:
-    ``test_a_batch_whose_envs_failed_to_start_still_refuses_to_close``."""
+@contextmanager
+def keeping_threads() -> Iterator[None]:
+    """Leave torch's thread count as it was after closing a ``SerialEnv`` or
+    ``ParallelEnv`` (directly, or through the collector or evaluator that holds it).
+    TorchRL's ``close`` sets it to ``min(the count at import, now + workers)``, even for a
+    ``SerialEnv``, which never lowered it: after one evaluation a run with ``threads=1``
+    would compute its updates on more threads, and float rounding would change what it
+    learns. Test: ``test_closing_a_serial_env_still_raises_the_thread_count``."""
     threads = torch.get_num_threads()
     try:
-        env.close(raise_if_closed=False)
+        yield
     finally:
         torch.set_num_threads(threads)
+
+
+def close_keeping_threads(env: BatchedEnvBase) -> None:
+    """Close ``env`` (:func:`keeping_threads`). A batch whose envs failed to start (a stop
+    dropping the evaluation as they were built) counts as closed already, and TorchRL's
+    ``close`` raises for it: not here, so that the exception that stopped it is the one
+    that propagates. Test: ``test_a_batch_whose_envs_failed_to_start_still_refuses_to_close``."""
+    with keeping_threads():
+        env.close(raise_if_closed=False)
 
 
 # -- 6. a buffer SACLoss creates on first use ---------------------------------------------
