@@ -24,15 +24,16 @@ from rl_app.logger import read_metrics
 from rl_app.rundir import HOLDER_FILE
 from rl_app.sweep.spec import load_sweep
 from rl_app.sweep.study import open_study
+from tests.gate_envs import GATE_VARIABLE, GATED
 from tests.helpers import FINAL_STATES, PYTHON, ROOT, TINY_RUN, job_state, wait_for
 
 pytestmark = pytest.mark.slurm
 
-# Twenty iterations of 200 frames, a checkpoint every 400: a trial still runs when the test
-# has seen the first checkpoints of both (six iterations took 3 s, as long as the second
-# worker took to start).
-TRIAL_FRAMES = 4000
-TRIAL_RUN = [*TINY_RUN, "optim.batch_size=48", f"collector.total_frames={TRIAL_FRAMES}"]
+# Six iterations of 200 frames, a checkpoint every 400, on CartPole that waits at a gate
+# after 700 frames (tests/gate_envs.py): the test signals a trial that is known to be
+# training, however long the second worker takes to start.
+TRIAL_FRAMES = 1200
+TRIAL_RUN = [*TINY_RUN, *GATED, "optim.batch_size=48", f"collector.total_frames={TRIAL_FRAMES}"]
 
 
 def write_sweep(tmp_path: Path, **changes: Any) -> Path:
@@ -89,11 +90,19 @@ def worker_of(trial: Path) -> str:
     return start["job_id"]
 
 
+def stderr_of(job_id: str, sweep_dir: Path) -> str:
+    """What worker job ``job_id`` wrote to its stderr so far."""
+    return "".join(path.read_text() for path in sweep_dir.rglob(f"{job_id}_*log.err"))
+
+
 def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
-    submit_sweep, tmp_path: Path
+    submit_sweep, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     source = write_sweep(tmp_path)
     sweep_dir = tmp_path / "sweep"
+    gate = tmp_path / "gate"  # while it exists, the trials wait after 700 frames
+    gate.touch()
+    monkeypatch.setenv(GATE_VARIABLE, str(gate))  # sbatch hands it to the jobs
     job_ids = submit_sweep(source)
     assert len(job_ids) == 2 and len({job.split("_")[0] for job in job_ids}) == 1  # one array
 
@@ -103,6 +112,12 @@ def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
     # kill -9 of the worker process training trial 1 (it holds the trial's run directory).
     os.kill(json.loads((second / HOLDER_FILE).read_text())["pid"], signal.SIGKILL)
     subprocess.run(["scancel", "--signal=USR2", preempted_job], check=True)
+    wait_for(
+        f"job {preempted_job} to take the USR2",
+        lambda: "SIGUSR2: saving a checkpoint" in stderr_of(preempted_job, sweep_dir),
+        60,
+    )
+    gate.unlink()
 
     for job_id in job_ids:
         wait_for(f"job {job_id} to end", lambda j=job_id: job_state(j) in FINAL_STATES, 180)
@@ -122,7 +137,7 @@ def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
     preempted = [row for row in read_attempts(first) if row["event"] == "preempted"]
     assert len(preempted) == 1 and preempted[0]["requeued"]
     frames = preempted[0]["frames"]
-    assert 0 < frames < TRIAL_FRAMES and frames % 200 == 0
+    assert frames in (600, 800)  # the end of the iteration the USR2 came in: before the gate
     assert trial_attempts(first) == [
         ("start", preempted_job, 0), ("preempted", preempted_job, 0),
         ("start", preempted_job, 1), ("finished", preempted_job, 1),
@@ -132,7 +147,7 @@ def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
     assert trial_attempts(second) == [
         ("start", killed_job, 0), ("start", preempted_job, 1), ("finished", preempted_job, 1),
     ]  # fmt: skip
-    assert read_attempts(second)[1]["resumed_from_frames"] >= 400
+    assert read_attempts(second)[1]["resumed_from_frames"] == 400
 
     workers = [(row["event"], row["job_id"], row["restart_count"])
                for row in read_attempts(sweep_dir)]  # fmt: skip
