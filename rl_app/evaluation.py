@@ -20,10 +20,10 @@ from rl_app.envs import EVAL_SEED_OFFSET, SUCCESS_KEY, make_env
 from rl_app.logger import EVAL_KEY, SUCCESS_RATE_KEY
 from rl_app.upstream.torchrl import close_keeping_threads, gymnasium_env, keeping_threads
 
-# Steps of the whole batch per collection of the Evaluator's collector: each collection
-# costs calls of its own, and the steps after the last episode ended are played for nothing
-# (docs/speed.md, "Episodes as a batch").
-STEPS_PER_COLLECTION = 25
+# Steps of the whole batch per collection of the Evaluator's collector, which holds them
+# all in memory: fewer collections cost calls of their own (docs/speed.md, "Episodes as a
+# batch").
+STEPS_PER_COLLECTION = 4
 
 
 @dataclasses.dataclass
