@@ -94,17 +94,18 @@ def play_episodes(
 
     evaluator = None
     try:
-        evaluator = Evaluator(
-            TransformedEnv(batch, FirstEpisodeOnly(seed, abandon_point)),
-            policy,
-            num_trajectories=episodes,
-            frames_per_batch=episodes * STEPS_PER_COLLECTION,
-            # Only what the scores need is kept of each step: not a game's frames.
-            collector_kwargs={"traj_format": "cat", "postproc": episode_keys},
-            metrics_fn=record,
-            dump_video=False,
-        )
-        with torch.random.fork_rng():
+        # A collector that raises closes the batch itself.
+        with keeping_threads(), torch.random.fork_rng():
+            evaluator = Evaluator(
+                TransformedEnv(batch, FirstEpisodeOnly(seed, abandon_point)),
+                policy,
+                num_trajectories=episodes,
+                frames_per_batch=episodes * STEPS_PER_COLLECTION,
+                # Only what the scores need is kept of each step: not a game's frames.
+                collector_kwargs={"traj_format": "cat", "postproc": episode_keys},
+                metrics_fn=record,
+                dump_video=False,
+            )
             evaluator.evaluate()
     finally:
         with keeping_threads():

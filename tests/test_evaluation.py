@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 import torch
+from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 from tensordict.nn import TensorDictModuleBase
 from torchrl.envs.utils import ExplorationType, set_exploration_type
 
@@ -130,5 +131,27 @@ def test_an_evaluation_leaves_the_thread_count_and_the_generator_as_they_were(
         play_episodes(config, policy, EPISODES)
         assert torch.get_num_threads() == 1
         assert torch.equal(torch.get_rng_state(), generator)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_an_evaluation_that_raises_leaves_the_thread_count_as_it_was(
+    tiny_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TorchRL's collector closes its batch of envs when a step raises, which sets torch's
+    thread count; a sweep worker trains its next trial in the same process."""
+    config = tiny_config(preset="dqn_cartpole")
+    policy = fresh_policy(config)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the evaluation env broke")
+
+    monkeypatch.setattr(CartPoleEnv, "step", broken)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with pytest.raises(RuntimeError, match="the evaluation env broke"):
+            play_episodes(config, policy, EPISODES)
+        assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(threads)
