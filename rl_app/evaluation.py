@@ -86,33 +86,26 @@ def play_episodes(
         functools.partial(episode_env, config, seed, abandon_point=abandon_point),
         create_env_kwargs=[{"index": k, "start": start} for k, start in enumerate(starts)],
     )
-    played: list[Episodes] = []
-
-    def record(trajectories: TensorDictBase) -> dict[str, float]:
-        played.append(outcomes(trajectories))
-        return {}  # no metric of the evaluator's own: the scores come from the episodes
-
     evaluator = None
-    try:
-        # A collector that raises closes the batch itself.
-        with keeping_threads(), torch.random.fork_rng():
-            evaluator = Evaluator(
-                TransformedEnv(batch, FirstEpisodeOnly(seed, abandon_point)),
-                policy,
-                num_trajectories=episodes,
-                frames_per_batch=episodes * STEPS_PER_COLLECTION,
-                # Only what the scores need is kept of each step: not a game's frames.
-                collector_kwargs={"traj_format": "cat", "postproc": episode_keys},
-                metrics_fn=record,
-                dump_video=False,
-            )
-            evaluator.evaluate()
-    finally:
-        with keeping_threads():
+    with keeping_threads():  # every close of the batch, a collector's that raised too
+        try:
+            with torch.random.fork_rng():
+                evaluator = Evaluator(
+                    TransformedEnv(batch, FirstEpisodeOnly(seed, abandon_point)),
+                    policy,
+                    num_trajectories=episodes,
+                    frames_per_batch=episodes * STEPS_PER_COLLECTION,
+                    # Only what the scores need is kept of each step: not a game's frames.
+                    collector_kwargs={"traj_format": "cat", "postproc": episode_keys},
+                    metrics_fn=outcomes,
+                    dump_video=False,
+                )
+                result = evaluator.evaluate()
+        finally:
             if evaluator is not None:
                 evaluator.shutdown()  # its collector closes the batch
-        close_keeping_threads(batch)  # where the collector was never built
-    return played[0]
+            close_keeping_threads(batch)  # where the collector was never built
+    return Episodes(result["eval/returns"], result.get("eval/reached_goal"))
 
 
 # What a trajectory keeps for the scores (SUCCESS_KEY in goal envs only).
@@ -125,16 +118,16 @@ def episode_keys(steps: TensorDictBase) -> TensorDictBase:
     return steps.select(*EPISODE_KEYS, strict=False)
 
 
-def outcomes(trajectories: TensorDictBase) -> Episodes:
-    """Each episode's return and, in a goal env, whether its last step reached the goal,
-    in the order of the envs: the evaluator numbers its first trajectories so."""
+def outcomes(trajectories: TensorDictBase) -> dict[str, torch.Tensor]:
+    """The evaluator's metrics (``eval/<name>`` in its result): each episode's return and,
+    in a goal env, whether its last step reached the goal, in the order of the envs: the
+    evaluator numbers its first trajectories so."""
     ends = trajectories["next", "done"].reshape(-1)
     order = trajectories["collector", "traj_ids"].reshape(-1)[ends].argsort()
-    returns = trajectories["next", "episode_reward"].reshape(-1)[ends][order]
-    reached_goal = None
+    found = {"returns": trajectories["next", "episode_reward"].reshape(-1)[ends][order]}
     if ("next", SUCCESS_KEY) in trajectories.keys(include_nested=True):
-        reached_goal = trajectories["next", SUCCESS_KEY].reshape(-1)[ends][order]
-    return Episodes(returns, reached_goal)
+        found["reached_goal"] = trajectories["next", SUCCESS_KEY].reshape(-1)[ends][order]
+    return found
 
 
 class FirstEpisodeOnly(Transform):

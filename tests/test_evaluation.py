@@ -4,6 +4,7 @@ once and played episode after episode, plays (as evaluation did before it was ba
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -116,27 +117,31 @@ def test_evaluation_env_plays_the_first_episode(tiny_config) -> None:
     assert episode["next", "episode_reward"][-1, 0] == play_episodes(config, policy, 1).returns[0]
 
 
+@pytest.fixture
+def one_thread() -> Iterator[None]:
+    """Torch on one thread during the test, as a run with ``threads=1`` is."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_an_evaluation_leaves_the_thread_count_and_the_generator_as_they_were(
-    tiny_config,
+    tiny_config, one_thread
 ) -> None:
     """The Evaluator's collector closes its batch of envs, which sets torch's thread count
     (rl_app.upstream.torchrl.keeping_threads), and the evaluation seeds torch's generator:
     the learner sees neither."""
     config = tiny_config(preset="dqn_cartpole")
     policy = fresh_policy(config)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        generator = torch.get_rng_state()
-        play_episodes(config, policy, EPISODES)
-        assert torch.get_num_threads() == 1
-        assert torch.equal(torch.get_rng_state(), generator)
-    finally:
-        torch.set_num_threads(threads)
+    generator = torch.get_rng_state()
+    play_episodes(config, policy, EPISODES)
+    assert torch.get_num_threads() == 1
+    assert torch.equal(torch.get_rng_state(), generator)
 
 
 def test_an_evaluation_that_raises_leaves_the_thread_count_as_it_was(
-    tiny_config, monkeypatch: pytest.MonkeyPatch
+    tiny_config, one_thread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """TorchRL's collector closes its batch of envs when a step raises, which sets torch's
     thread count; a sweep worker trains its next trial in the same process."""
@@ -147,11 +152,6 @@ def test_an_evaluation_that_raises_leaves_the_thread_count_as_it_was(
         raise RuntimeError("the evaluation env broke")
 
     monkeypatch.setattr(CartPoleEnv, "step", broken)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with pytest.raises(RuntimeError, match="the evaluation env broke"):
-            play_episodes(config, policy, EPISODES)
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
+    with pytest.raises(RuntimeError, match="the evaluation env broke"):
+        play_episodes(config, policy, EPISODES)
+    assert torch.get_num_threads() == 1
