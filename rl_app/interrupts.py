@@ -39,8 +39,6 @@ class StopRequest:
         usr2_grace_s: float | None = None,
     ) -> None:
         self.reason: str | None = None
-        # Whether a stop was asked for (by a signal or the program): set with ``reason``.
-        self.requested = False
         self.unsaved = unsaved
         # SIGUSR2 comes this long before the process is killed (a SLURM job's signal delay):
         # its deadline, when it came.
@@ -51,9 +49,13 @@ class StopRequest:
         self._stop_after_save = False
         self._abandon = False  # a stop came since the abandonable work in progress began
 
+    @property
+    def requested(self) -> bool:
+        return self.reason is not None
+
     def request(self, reason: str) -> None:
         """A stop asked for by the program itself (e.g. a sweep pruning the run)."""
-        self.reason, self.requested = reason, True
+        self.reason = reason
 
     @contextmanager
     def installed(self) -> Iterator[StopRequest]:
@@ -124,7 +126,7 @@ class StopRequest:
             )
         if signum == signal.SIGUSR2 and self.usr2_grace_s is not None and self.deadline is None:
             self.deadline = time.monotonic() + self.usr2_grace_s
-        self.reason, self.requested = signal.Signals(signum).name, True
+        self.reason = signal.Signals(signum).name
         self._abandon = True
 
 
