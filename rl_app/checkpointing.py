@@ -40,6 +40,7 @@ from torchrl.checkpoint import (
 
 from rl_app.logger import EVAL_KEY
 from rl_app.replay.journal import Journal
+from rl_app.upstream.torchrl import add_checkpoint_metadata
 
 CHECKSUM_FILE = "SHA256SUMS.json"
 # The acting policy's own component, so that playing a run reads nothing else.
@@ -187,6 +188,21 @@ class RunCheckpoints:
         staged = index.with_name(f".{BEST_INDEX}.staged")
         staged.write_text(json.dumps({"checkpoint": best.name, EVAL_KEY: metric}) + "\n")
         os.replace(staged, index)
+
+    def add_score(self, frames: int, eval_return: float) -> None:
+        """Give the checkpoint at ``frames`` the score of the evaluation it was saved for,
+        which ended later (``eval.backend=thread``)."""
+        add_checkpoint_metadata(
+            checkpoint_path(self.rotation.directory, frames), {EVAL_KEY: eval_return}
+        )
+        self.rotation.prune()
+        self.record_best()
+
+    def load_policy(self, frames: int, policy: Any) -> None:
+        """Load the acting policy saved at ``frames`` into ``policy`` (on its device)."""
+        device = str(next(policy.parameters()).device)
+        path = checkpoint_path(self.rotation.directory, frames)
+        load_component(path, POLICY_COMPONENT, policy, map_location=device)
 
     def latest(self) -> Path | None:
         return self.rotation.latest()

@@ -74,6 +74,7 @@ def check_config(config: Config) -> None:
     replay_checks.check_life_loss(config)
     replay_checks.check_slices(config, env_checks.max_episode_steps(config.env.name))
     check_video(config)
+    check_background_evaluation(config)
 
 
 def check_device(key: str, device: str, allow_auto: bool) -> None:
@@ -289,3 +290,19 @@ def check_video(config: Config) -> None:
     problem = render_problem(config.env.name) or encoder_problem(config.logger.backend)
     if problem is not None:
         raise ConfigError(f"eval.video=true cannot work here: {problem}")
+
+
+def check_background_evaluation(config: Config) -> None:
+    """What an evaluation played beside training cannot do: film (a video is filmed while
+    training waits), or find its weights' checkpoint after a stop when one save prunes it."""
+    if config.eval.backend == "blocking":
+        return
+    if config.eval.video:
+        raise ConfigError(
+            "eval.video=true needs eval.backend=blocking: a video is filmed while training waits"
+        )
+    if config.checkpoint.keep_last < 2:
+        raise ConfigError(
+            f"eval.backend={config.eval.backend} needs checkpoint.keep_last >= 2: the checkpoint "
+            "saved when an evaluation starts holds its weights until it ends"
+        )

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import multiprocessing
+import os
+import traceback
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 import gymnasium as gym
@@ -55,11 +59,14 @@ def evaluate(
     actor = policy_factory()
     abandon_point()
     actor.load_state_dict(policy.state_dict())
-    episodes = play_episodes(config, actor, config.eval.episodes, abandon_point=abandon_point)
-    scores = {EVAL_KEY: episodes.returns.mean().item()}
+    return scores(play_episodes(config, actor, config.eval.episodes, abandon_point=abandon_point))
+
+
+def scores(episodes: Episodes) -> dict[str, float]:
+    found = {EVAL_KEY: episodes.returns.mean().item()}
     if episodes.reached_goal is not None:
-        scores[SUCCESS_RATE_KEY] = episodes.reached_goal.double().mean().item()  # 9 of 10: 0.9
-    return scores
+        found[SUCCESS_RATE_KEY] = episodes.reached_goal.double().mean().item()  # 9 of 10: 0.9
+    return found
 
 
 def play_episodes(
@@ -106,6 +113,103 @@ def play_episodes(
                 evaluator.shutdown()  # its collector closes the batch
             close_keeping_threads(batch)  # where the collector was never built
     return Episodes(result["eval/returns"], result.get("eval/reached_goal"))
+
+
+class BackgroundEvaluator:
+    """Evaluations played while training goes on (``eval.backend=process``), one at a time,
+    in a process of its own that lives as long as the run (its imports are paid once,
+    beside training). Each is played by a policy with the weights given to :meth:`start`,
+    those of the policy when the evaluation was due: the episodes :func:`evaluate` plays.
+
+    A process, not a thread: TorchRL's exploration type (random or deterministic actions)
+    is one value per process, which a collector and an evaluator in two threads would set
+    under each other."""
+
+    def __init__(self, config: Config, policy_factory: Callable[..., TensorDictModuleBase]) -> None:
+        self.config, self.policy_factory = config, policy_factory
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.playing = False
+        self.start_process()
+
+    def start_process(self) -> None:
+        context = multiprocessing.get_context("spawn")
+        self.jobs, worker_end = context.Pipe()
+        # On the learner's thread count, as a blocking evaluation: the same float rounding.
+        arguments = (self.config, self.policy_factory, torch.get_num_threads(), worker_end)
+        self.process = context.Process(
+            target=evaluation_worker, args=arguments, name="rl_app-evaluation", daemon=True
+        )
+        self.process.start()
+        worker_end.close()
+
+    def start(self, weights: dict[str, torch.Tensor]) -> None:
+        """Start an evaluation of a policy with ``weights`` (CPU tensors: a tensor sent to
+        a process is shared with it, so they must not change until it ends)."""
+        if self.process is None:
+            self.start_process()
+        self.jobs.send(weights)
+        self.playing = True
+
+    def scores(self, timeout: float | None = 0) -> dict[str, float] | None:
+        """The scores of the evaluation playing, once it has ended (waiting up to
+        ``timeout`` seconds), else None. An error it raised is raised here, with its
+        traceback."""
+        if not self.jobs.poll(timeout):
+            return None
+        try:
+            outcome = self.jobs.recv()
+        except EOFError:
+            self.process.join()
+            raise RuntimeError(
+                f"the evaluation process ended without a result (exit code {self.process.exitcode})"
+            ) from None
+        self.playing = False
+        if isinstance(outcome, str):
+            raise RuntimeError(f"the evaluation failed in its process:\n{outcome}")
+        return outcome
+
+    def cancel(self) -> None:
+        """Drop the evaluation playing at once, with its process (the next starts another)."""
+        self.close()
+        self.process, self.playing = None, False
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.join()
+            self.jobs.close()
+
+
+def evaluation_worker(
+    config: Config,
+    policy_factory: Callable[..., TensorDictModuleBase],
+    threads: int,
+    jobs: Connection,
+) -> None:
+    """A :class:`BackgroundEvaluator`'s process: for each set of weights it receives, the
+    scores of their evaluation, or the traceback of its error; it ends with its run."""
+    torch.set_num_threads(threads)
+    while True:
+        try:
+            weights = jobs.recv()
+        except EOFError:
+            return
+        try:
+            actor = policy_factory()
+            actor.load_state_dict(weights)
+            episodes = play_episodes(
+                config, actor, config.eval.episodes, abandon_point=end_if_orphaned
+            )
+            outcome: dict[str, float] | str = scores(episodes)
+        except Exception:
+            outcome = traceback.format_exc()
+        jobs.send(outcome)
+
+
+def end_if_orphaned() -> None:
+    """End this process at once if the run that started it is gone (killed)."""
+    if not multiprocessing.parent_process().is_alive():
+        os._exit(1)
 
 
 # What a trajectory keeps for the scores (SUCCESS_KEY in goal envs only).

@@ -1,12 +1,14 @@
 """What a user sees of a run: a progress bar, ``metrics.jsonl``, ``curve.png`` and,
-when ``logger.backend`` asks for one, a TorchRL logger (CSV, wandb or TensorBoard)."""
+when ``logger.backend`` asks for one, a TorchRL logger (CSV, wandb or TensorBoard); and the
+wall time of each phase of the loop (:class:`PhaseTimer`)."""
 
 from __future__ import annotations
 
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -157,3 +159,34 @@ def plot_curve(points: list[tuple[int, float]], path: Path) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=80)
     plt.close(figure)
+
+
+# The phases of an iteration, in order: wall time is kept per phase (a run's result holds
+# it: ``TrainResult.seconds_per_phase``), and an error message names the phase it happened in.
+PHASES = (
+    "collecting", "extending the buffer", "sampling", "updating", "writing back",
+    "checking metrics", "syncing weights", "evaluating",
+    "recording a video", "logging", "saving a checkpoint",
+)  # fmt: skip
+
+
+class PhaseTimer:
+    """Wall time per phase of the loop: ``with phases("sampling"): ...``. ``current``
+    names the phase in progress, or the last one entered (for error messages)."""
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.last: dict[str, float] = {}  # the latest time of each phase that completed
+        self.current = "starting"
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        if phase not in self.seconds:
+            raise KeyError(f"unknown phase {phase!r}: the phases are {', '.join(PHASES)}")
+        self.current = phase
+        started = time.perf_counter()
+        try:
+            yield
+            self.last[phase] = time.perf_counter() - started
+        finally:
+            self.seconds[phase] += time.perf_counter() - started

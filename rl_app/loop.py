@@ -6,7 +6,9 @@ from its newest good checkpoint), then tells the story of one iteration, again a
 
 Metrics are logged before the checkpoint that covers them (or, when a stop left the
 iteration's evaluation owed, held in it until that evaluation runs after the resume): a run
-resumed from that checkpoint then neither repeats nor misses a row.
+resumed from that checkpoint then neither repeats nor misses a row. With
+``eval.backend=process`` an evaluation plays while training goes on, and the rows from its
+iteration on wait for it: they are logged in order once it ends.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Callable, Generator, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import closing, contextmanager
+from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,11 @@ from rl_app.collection import (
 )
 from rl_app.config import Config
 from rl_app.envs import SUCCESS_KEY
-from rl_app.evaluation import evaluate
+from rl_app.evaluation import BackgroundEvaluator, evaluate
 from rl_app.interrupts import Abandoned, StopRequest
-from rl_app.logger import EVAL_KEY, RunLogger
+from rl_app.logger import EVAL_KEY, PhaseTimer, RunLogger
 from rl_app.replay import PRIORITY_KEY, RunReplayBuffer
+from rl_app.replay.buffer import sampled_batches
 
 log = logging.getLogger("rl_app")
 
@@ -66,12 +68,15 @@ class Progress:
     evaluations: int = 0
     best_eval_return: float = float("-inf")
     last_eval_return: float = float("nan")
-    # The metrics row of an iteration whose evaluation a stop left owed (saved with it).
+    # The metrics row of an iteration whose evaluation a stop left owed, or that plays in
+    # the background (saved with it); it was due at last_eval_frames.
     owed_eval: dict[str, float] | None = None
+    # [frames, metrics row] of the iterations since, while that evaluation plays in the
+    # background: logged after its row.
+    held_rows: list[list[Any]] = dataclasses.field(default_factory=list)
 
     def record_eval(self, eval_return: float) -> None:
         self.evaluations += 1
-        self.last_eval_frames = self.frames
         self.last_eval_return = eval_return
         self.best_eval_return = max(self.best_eval_return, eval_return)
 
@@ -103,36 +108,6 @@ class TrainResult:
 # deadline: its episodes may last longer than the latest evaluation's.
 EVAL_TIME_ROOM = 1.5
 
-# The phases of an iteration, in order: wall time is kept per phase (a run's result holds
-# it: ``TrainResult.seconds_per_phase``), and an error message names the phase it happened in.
-PHASES = (
-    "collecting", "extending the buffer", "sampling", "updating", "writing back",
-    "checking metrics", "syncing weights", "evaluating",
-    "recording a video", "logging", "saving a checkpoint",
-)  # fmt: skip
-
-
-class PhaseTimer:
-    """Wall time per phase of the loop: ``with phases("sampling"): ...``. ``current``
-    names the phase in progress, or the last one entered (for error messages)."""
-
-    def __init__(self) -> None:
-        self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.last: dict[str, float] = {}  # the latest time of each phase that completed
-        self.current = "starting"
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        if phase not in self.seconds:
-            raise KeyError(f"unknown phase {phase!r}: the phases are {', '.join(PHASES)}")
-        self.current = phase
-        started = time.perf_counter()
-        try:
-            yield
-            self.last[phase] = time.perf_counter() - started
-        finally:
-            self.seconds[phase] += time.perf_counter() - started
-
 
 @dataclass
 class Run:
@@ -150,8 +125,17 @@ class Run:
     checkpoints: RunCheckpoints
     logger: RunLogger
     phases: PhaseTimer
+    # Where evaluations play beside training (eval.backend=process).
+    evaluator: BackgroundEvaluator | None = None
+
+    @property
+    def evaluating(self) -> bool:
+        """Whether an evaluation plays beside training now."""
+        return self.evaluator is not None and self.evaluator.playing
 
     def close(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.close()
         self.collector.shutdown()
         self.logger.close()
         if self.checkpoints.journal is not None:
@@ -170,7 +154,7 @@ def run_iterations(
     stop = StopRequest(functools.partial(unsaved_work, run), usr2_grace_s)
     with stop.installed():
         if progress.owed_eval is not None and pay_owed_evaluation(run, stop, on_eval):
-            return summarize(run, stopped_by(run, stop))
+            return finish(run, stop, on_eval)
         batches = iter(run.collector)
         while True:
             with phases("collecting"), naming_dead_workers(run.collector, config.env.name):
@@ -189,7 +173,8 @@ def run_iterations(
                 set_learning_rate(algorithm.optimizer, annealed_lr(config, progress.frames))
             if progress.frames >= config.collector.init_random_frames:
                 samples = []
-                with closing(sampled_batches(buffer, config, updates)) as drawn:
+                prefetch, batch_size = config.replay.prefetch, config.optim.batch_size
+                with closing(sampled_batches(buffer, batch_size, updates, prefetch)) as drawn:
                     for _ in range(updates):
                         with phases("sampling"):  # with replay.prefetch, the wait for it
                             samples.append(next(drawn))
@@ -218,8 +203,7 @@ def run_iterations(
                 or progress.frames - progress.last_eval_frames >= config.eval.interval_frames
             )
             if end_iteration(run, metrics, eval_due, stop, on_eval):
-                break
-    return summarize(run, stopped_by(run, stop))
+                return finish(run, stop, on_eval)
 
 
 def end_iteration(
@@ -233,29 +217,42 @@ def end_iteration(
     owed (``Progress.owed_eval``, the iteration's metrics row waiting with it in the
     checkpoint), and runs first thing after the resume with the result it would have had.
     An evaluation that raises is owed too: the training state is saved before the error
-    stops the run."""
+    stops the run.
+
+    In the background (``eval.backend=process``), a due evaluation starts once the one
+    before has ended, and its iteration saves when it starts: that checkpoint holds the
+    weights it plays, and gets its score when it ends (:func:`collect_evaluation`). A stop
+    drops it, owed; the resume starts it again from that checkpoint's weights."""
     progress, phases = run.progress, run.phases
-    if eval_due:
-        try:
-            evaluate_iteration(run, metrics, stop)
-        except Abandoned:
+    complete = progress.frames >= run.config.collector.total_frames
+    if run.evaluating:
+        collect_evaluation(run, stop, on_eval, wait=complete)
+    evaluated = eval_due and progress.owed_eval is None
+    if evaluated:
+        progress.last_eval_frames = progress.frames
+        if run.config.eval.backend == "blocking":
+            evaluate_blocking(run, metrics, stop)
+        elif stop.requested:
             progress.owed_eval = metrics
-        except Exception:
-            # Evaluation changes no training state: save it, the evaluation owed, before
-            # the error stops the run (named in the phase it came from: saved untimed).
-            progress.owed_eval = metrics
-            with stop.saving():
-                save_checkpoint(run, None)
-            raise
+        else:
+            start_evaluation(run, metrics)
+    elif progress.owed_eval is not None:
+        progress.held_rows.append([progress.frames, metrics])
     if progress.owed_eval is None:
         with phases("logging"):
             run.logger.log(progress.frames, metrics)
+    if stop.requested and run.evaluating:
+        run.evaluator.cancel()
     interval_s = 60 * run.config.checkpoint.interval_minutes
     since_save_s = time.monotonic() - run.checkpoints.saved_at
-    if stop.requested or EVAL_KEY in metrics or since_save_s >= interval_s:
+    # (Not while an evaluation plays: the save could prune the checkpoint of its weights.)
+    interval_save = since_save_s >= interval_s and not run.evaluating
+    if stop.requested or evaluated or interval_save:
         with phases("saving a checkpoint"), stop.saving():
             save_checkpoint(run, metrics.get(EVAL_KEY))
-    if progress.owed_eval is not None and stop.allows(owed_evaluation_seconds(phases)):
+    # (One that played in the background, resumed with eval.backend=blocking, is owed again.)
+    blocking = run.config.eval.backend == "blocking" and not progress.held_rows
+    if blocking and progress.owed_eval is not None and stop.allows(owed_evaluation_seconds(phases)):
         log.info("the evaluation owed at %d frames fits before the deadline: it runs now",
                  progress.frames)  # fmt: skip
         with stop.allowing():
@@ -263,7 +260,71 @@ def end_iteration(
     if EVAL_KEY in metrics and on_eval is not None:
         if reason := on_eval(progress.frames, metrics[EVAL_KEY]):
             stop.request(reason)
-    return stop.requested or progress.frames >= run.config.collector.total_frames
+    return stop.requested or complete
+
+
+def evaluate_blocking(run: Run, metrics: dict[str, float], stop: StopRequest) -> None:
+    """Evaluate now, training waiting; owed if a stop drops it or it raises."""
+    try:
+        evaluate_iteration(run, metrics, stop)
+    except Abandoned:
+        run.progress.owed_eval = metrics
+    except Exception:
+        # Evaluation changes no training state: save it, the evaluation owed, before
+        # the error stops the run (named in the phase it came from: saved untimed).
+        run.progress.owed_eval = metrics
+        with stop.saving():
+            save_checkpoint(run, None)
+        raise
+
+
+def start_evaluation(
+    run: Run, metrics: dict[str, float], weights: dict[str, torch.Tensor] | None = None
+) -> None:
+    """Start the evaluation of the iteration whose ``metrics`` row waits for it, in the
+    background, with the policy's weights now (or ``weights``, saved earlier)."""
+    run.progress.owed_eval = metrics
+    if weights is None:
+        # Copies: a tensor sent to a process is shared with it, not copied.
+        policy = run.algorithm.policy.state_dict()
+        weights = {name: value.to("cpu", copy=True) for name, value in policy.items()}
+    if run.evaluator is None:  # (resumed with eval.backend=blocking)
+        run.evaluator = BackgroundEvaluator(run.config, run.algorithm.policy_factory())
+    with run.phases("evaluating"):
+        run.evaluator.start(weights)
+
+
+def collect_evaluation(
+    run: Run, stop: StopRequest, on_eval: EvalHook | None, wait: bool = False
+) -> None:
+    """If the evaluation playing in the background has ended (with ``wait``, once it has,
+    unless a stop comes first): log the rows that waited for it, its own with its scores,
+    and give its checkpoint its score."""
+    progress = run.progress
+    with run.phases("evaluating"):  # (a wait is time training spends on it)
+        while (scores := run.evaluator.scores(timeout=0.1 if wait else 0)) is None:
+            if not wait or stop.requested:
+                return
+    metrics, progress.owed_eval = progress.owed_eval, None
+    metrics.update(scores)
+    progress.record_eval(scores[EVAL_KEY])
+    with run.phases("logging"):
+        for frames, row in [[progress.last_eval_frames, metrics], *progress.held_rows]:
+            run.logger.log(frames, row)
+    progress.held_rows = []
+    run.checkpoints.add_score(progress.last_eval_frames, scores[EVAL_KEY])
+    if on_eval is not None and (reason := on_eval(progress.last_eval_frames, scores[EVAL_KEY])):
+        stop.request(reason)
+
+
+def finish(run: Run, stop: StopRequest, on_eval: EvalHook | None) -> TrainResult:
+    """The run's result, once the evaluation still playing in the background has ended
+    (dropped, owed, if a stop comes first)."""
+    if run.evaluating:
+        collect_evaluation(run, stop, on_eval, wait=True)
+    if run.evaluating:
+        run.evaluator.cancel()
+    return summarize(run, stopped_by(run, stop))
 
 
 def evaluate_iteration(run: Run, metrics: dict[str, float], stop: StopRequest) -> None:
@@ -305,31 +366,20 @@ def owed_evaluation_seconds(phases: PhaseTimer) -> float | None:
 
 def pay_owed_evaluation(run: Run, stop: StopRequest, on_eval: EvalHook | None) -> bool:
     """After a resume, the evaluation a stop left owed (with its iteration's metrics row
-    and checkpoint); True when the run stops there."""
-    metrics, run.progress.owed_eval = run.progress.owed_eval, None
-    log.info("the evaluation owed at %d frames runs first", run.progress.frames)
+    and checkpoint); True when the run stops there. One a stop dropped while it played in
+    the background, iterations ago, starts again there with the weights its iteration
+    saved."""
+    progress = run.progress
+    if progress.held_rows:
+        log.info("the evaluation owed at %d frames starts again", progress.last_eval_frames)
+        with torch.random.fork_rng():  # (a copy's initial weights draw from it)
+            policy = run.algorithm.policy_factory()()
+        run.checkpoints.load_policy(progress.last_eval_frames, policy)
+        start_evaluation(run, progress.owed_eval, policy.state_dict())
+        return False
+    metrics, progress.owed_eval = progress.owed_eval, None
+    log.info("the evaluation owed at %d frames runs first", progress.frames)
     return end_iteration(run, metrics, True, stop, on_eval)
-
-
-def sampled_batches(
-    buffer: RunReplayBuffer, config: Config, count: int
-) -> Generator[TensorDictBase, None, None]:
-    """An iteration's ``count`` batches, drawn at the first ``next`` in one sampler call or,
-    with ``replay.prefetch``, one call per batch in a background thread, each batch drawn
-    while the update before it runs. Either way every draw sees the priorities as they stood
-    before the iteration's first update (they are written back after the last). Closing it
-    waits for a draw in flight."""
-    batch_size = config.optim.batch_size
-    if not config.replay.prefetch:
-        yield from buffer.sample_batches(batch_size, count)
-        return
-    with ThreadPoolExecutor(1, thread_name_prefix="rl_app-sampling") as sampling:
-        drawn = sampling.submit(buffer.sample_batches, batch_size, 1)
-        for left in reversed(range(count)):
-            (batch,) = drawn.result()
-            if left:
-                drawn = sampling.submit(buffer.sample_batches, batch_size, 1)
-            yield batch
 
 
 def stopped_by(run: Run, stop: StopRequest) -> str | None:

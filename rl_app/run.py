@@ -38,11 +38,11 @@ from rl_app.collection import (
 )
 from rl_app.config import Config, holds_checkpoint, to_yaml
 from rl_app.envs import make_env
+from rl_app.evaluation import BackgroundEvaluator
 from rl_app.fit import check_fit
-from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, RunLogger
+from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, PhaseTimer, RunLogger
 from rl_app.loop import (
     EvalHook,
-    PhaseTimer,
     Progress,
     Run,
     RunFailed,
@@ -168,9 +168,12 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         )
         weight_sync = WeightSync(collector, algorithm, config.env.name)
         built.pop_all()  # from here on, Run.close closes them
+    # Started with the run, so that its imports are paid while training starts.
+    background = config.eval.backend == "process"
+    evaluator = BackgroundEvaluator(config, algorithm.policy_factory()) if background else None
     return Run(
         config, run_dir, devices, algorithm, buffer, collector, weight_sync, progress,
-        checkpoints, logger, PhaseTimer(),
+        checkpoints, logger, PhaseTimer(), evaluator,
     )  # fmt: skip
 
 
@@ -251,7 +254,10 @@ def train_locked(
                     "and a new run_dir trains afresh"
                 ) from None
             run.checkpoints.record_best()  # a fallback may have set the best one aside
-            run.logger.rewind(run.progress.frames)
+            # A row logged at an owed evaluation's frames (one in the background that ended
+            # after its checkpoint) is logged again when it runs.
+            owed = run.progress.owed_eval is not None and not run.progress.held_rows
+            run.logger.rewind(run.progress.frames - owed)
             log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
             done = run.progress.frames >= config.collector.total_frames
             if done and run.progress.owed_eval is None:  # (an owed evaluation runs first)
@@ -287,11 +293,11 @@ def describe_failure(run: Run, error: Exception) -> str:
     """One paragraph for the user; the traceback goes to ``error.log`` in the run directory."""
     (run.run_dir / ERROR_LOG).write_text(traceback.format_exc())
     latest = run.checkpoints.latest()
-    # An evaluation's fault: the training was saved at these frames, the evaluation owed.
+    # An evaluation's fault: the training was saved when it was due, the evaluation owed.
     owed = (
         run.progress.owed_eval is not None
         and latest is not None
-        and checkpoint_frames(latest) == run.progress.frames
+        and checkpoint_frames(latest) == run.progress.last_eval_frames
     )
     # The iteration's counter goes up once its batch is collected.
     iteration = run.progress.iterations + (run.phases.current in ("starting", "collecting"))

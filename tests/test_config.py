@@ -41,6 +41,9 @@ from tests.helpers import PYTHON, ROOT, run_train
         (["env.num_envs=3"], "env.num_envs"),
         (["collector.total_frames=9223372036854775808"], "<= 9223372036854775807"),  # int64
         (["threads=2147483648"], "<= 2147483647"),  # torch.set_num_threads takes a C int
+        (["eval.backend=thread"], "eval.backend='thread' is not accepted: choose one of"),
+        (["eval.backend=process", "eval.video=true"], "eval.video=true needs eval.backend"),
+        (["eval.backend=process", "checkpoint.keep_last=1"], "checkpoint.keep_last >= 2"),
     ],
 )
 def test_bad_input_exits_2_naming_the_key_and_creates_nothing(

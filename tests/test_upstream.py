@@ -29,6 +29,7 @@ from tensordict import TensorDict
 from tensordict import utils as tensordict_utils
 from tensordict.nn import TensorDictModule, TensorDictParams, TensorDictSequential
 from torch.utils.flop_counter import FlopCounterMode
+from torchrl.checkpoint import Checkpoint, CheckpointRotation
 from torchrl.collectors import Collector
 from torchrl.collectors.distributed import DistributedCollector
 from torchrl.collectors.distributed import generic as torchrl_distributed
@@ -69,6 +70,7 @@ from rl_app.upstream.torchrl import (
     TREE_VALUE_BYTES,
     SliceStartIndex,
     VectorizedSliceSampler,
+    add_checkpoint_metadata,
     close_keeping_threads,
     gymnasium_env,
     lay_out_storage,
@@ -399,6 +401,19 @@ def test_a_lazy_storage_still_lays_itself_out_at_the_first_extend(tmp_path) -> N
         (file,) = Path(storage.scratch_dir).rglob("observation.memmap")
         assert file.stat().st_size == 10 * 3 * 4  # every slot, before it is written
     assert len(laid_out) == 0
+
+
+def test_a_checkpoint_manifest_is_still_read_from_manifest_json(tmp_path) -> None:
+    rotation = CheckpointRotation(tmp_path, keep_last=1, keep_best=("score", "max"))
+    checkpoint = Checkpoint()
+    checkpoint.register("weights", {"w": 1})
+    scored = checkpoint.save(tmp_path / "checkpoint-000000000001", metadata={"score": 1.0})
+    unscored = checkpoint.save(tmp_path / "checkpoint-000000000002")
+    assert rotation.best() == scored
+    add_checkpoint_metadata(unscored, {"score": 2.0})
+    assert Checkpoint.manifest(unscored)["metadata"] == {"score": 2.0}
+    assert rotation.best() == unscored and not list(unscored.glob(".*"))  # nothing staged left
+    checkpoint.load(unscored)  # still a checkpoint TorchRL loads
 
 
 def test_tensordict_still_looks_for_pandas_on_every_module_output(monkeypatch) -> None:

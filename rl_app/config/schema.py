@@ -222,6 +222,13 @@ class EvalConfig:
         2_000, "evaluate every N collected frames", at_least=1, on_resume=True
     )
     episodes: int = setting(10, "episodes per evaluation", at_least=1, on_resume=True)
+    backend: str = setting(
+        "blocking",
+        "blocking (training waits for the evaluation) | process (it plays in a process of "
+        "its own while training goes on, with the weights of the frame it was due at)",
+        choices=("blocking", "process"),
+        on_resume=True,
+    )
     video: bool = setting(
         False, "record an evaluation episode and send it to the logger backend", on_resume=True
     )

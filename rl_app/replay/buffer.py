@@ -5,7 +5,8 @@ whole of it."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -143,3 +144,23 @@ def write_priorities(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> 
             torch.cat([priority[steps_counted], slice_priorities(priority, counted)]),
         )
     return int((~live).sum())
+
+
+def sampled_batches(
+    buffer: RunReplayBuffer, batch_size: int, count: int, prefetch: bool
+) -> Generator[TensorDictBase, None, None]:
+    """An iteration's ``count`` batches, drawn at the first ``next`` in one sampler call or,
+    with ``prefetch`` (``replay.prefetch``), one call per batch in a background thread, each
+    batch drawn while the update before it runs. Either way every draw sees the priorities as
+    they stood before the iteration's first update (they are written back after the last).
+    Closing it waits for a draw in flight."""
+    if not prefetch:
+        yield from buffer.sample_batches(batch_size, count)
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="rl_app-sampling") as sampling:
+        drawn = sampling.submit(buffer.sample_batches, batch_size, 1)
+        for left in reversed(range(count)):
+            (batch,) = drawn.result()
+            if left:
+                drawn = sampling.submit(buffer.sample_batches, batch_size, 1)
+            yield batch

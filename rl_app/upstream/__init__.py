@@ -10,8 +10,9 @@ failing (or can be deleted) once the library changes that behaviour.
   inside a TorchRL env, a collector's next step, the thread count a closing batch of envs
   sets, SACLoss's lazily created buffer, lazy storages, a replay buffer's state without its
   data, the prioritized slice sampler's slice starts recomputed over the buffer after every
-  extend, the bytes a buffer keeps per slot). An optional feature's TorchRL workarounds are
-  in a module of their own, which only that feature imports:
+  extend, the bytes a buffer keeps per slot, a saved checkpoint's metadata). An optional
+  feature's TorchRL workarounds are in a module of their own, which only that feature
+  imports:
 - :mod:`rl_app.upstream.torchrl_workers`: weight pushes to worker processes;
   ``collector.mode=sync|async`` only.
 - :mod:`rl_app.upstream.torchrl_collectors`: the distributed collector on submitit and the

@@ -5,8 +5,11 @@ without it never loads them."""
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -14,6 +17,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl._utils import _replace_last
+from torchrl.checkpoint import Checkpoint
 from torchrl.collectors import Collector
 from torchrl.data import PrioritizedSampler, PrioritizedSliceSampler, ReplayBuffer, TensorStorage
 from torchrl.data.replay_buffers.samplers import Sampler
@@ -370,3 +374,18 @@ GENERATION_BYTES = 8
 # trees first (TorchRL's state_dict), then reads the leaves out, next to a copy of the
 # generations.
 TREE_LEAF_BYTES = 8
+
+
+# -- 13. a saved checkpoint's metadata -----------------------------------------------------
+
+
+def add_checkpoint_metadata(path: Path, metadata: dict[str, Any]) -> None:
+    """Add ``metadata`` to the manifest of the checkpoint saved at ``path``, atomically
+    (a score known only after the save). TorchRL writes metadata only when it saves, into
+    the directory's ``manifest.json``, which ``CheckpointRotation`` reads back to pick the
+    best. Test: ``test_a_checkpoint_manifest_is_still_read_from_manifest_json``."""
+    manifest = Checkpoint.manifest(path)
+    manifest["metadata"] = {**manifest["metadata"], **metadata}
+    staged = path / ".manifest.json.staged"
+    staged.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    os.replace(staged, path / "manifest.json")

@@ -3,7 +3,7 @@
 Sections (``--only update,training,...`` picks some), measured one after the other, each in
 a module of its own (:mod:`tools.bench.machine`, ``.update``, ``.training``,
 ``.checkpoint``, ``.pixels``, ``.collection``, ``.replay_service``, ``.overlap``,
-``.sb3``, ``.gpu``;
+``.evaluation``, ``.sb3``, ``.gpu``;
 what several share is in :mod:`tools.bench.shared`, the command in :mod:`tools.bench.__main__`):
 - machine: platform, cores, versions, and the measured float32 matmul rate of one thread;
 - update: one SAC update step of the default preset in each of ``UPDATE_VARIANTS`` (each
@@ -35,6 +35,9 @@ what several share is in :mod:`tools.bench.shared`, the command in :mod:`tools.b
   together, against neither, interleaved, for ``default`` and ``dqn_atari100k`` in short
   runs: frames/s over the loop, the time spent collecting, waiting for batches and
   updating, and each run's last metrics row (what it learned);
+- evaluation: ``eval.backend=blocking`` against ``process`` for ``default`` and
+  ``dqn_atari100k`` in short runs that evaluate along the way: wall time, the time training
+  waited for evaluations, the evaluation rows and the last row;
 - sb3: the same SAC workload as Stable-Baselines3 (``SB3_WORKLOAD``; ours with async
   collection and the compiled loss), run interleaved
   (ours, SB3, ours, SB3), each final agent scored on the same 10 fixed reset seeds; medians

@@ -14,6 +14,7 @@ from rl_app.checks import load_config
 from rl_app.config import ConfigError
 from tools.bench.checkpoint import bench_checkpoint, print_checkpoint
 from tools.bench.collection import bench_collection, print_collection
+from tools.bench.evaluation import bench_evaluation, print_evaluation
 from tools.bench.gpu import bench_gpu, print_gpu
 from tools.bench.machine import machine_description, print_machine
 from tools.bench.overlap import bench_overlap, print_overlap
@@ -26,7 +27,7 @@ from tools.bench.update import bench_update, print_update
 
 SECTIONS = (
     "update", "training", "checkpoint", "pixels", "collection", "replay_service", "overlap",
-    "sb3", "gpu",
+    "evaluation", "sb3", "gpu",
 )  # fmt: skip
 
 
@@ -81,6 +82,7 @@ def main(argv: list[str]) -> int:
         "collection": lambda: bench_collection(base, run_dir / "collection"),
         "replay_service": lambda: bench_replay_service(base, run_dir / "replay-service"),
         "overlap": lambda: bench_overlap(run_dir / "overlap"),
+        "evaluation": lambda: bench_evaluation(run_dir / "evaluation"),
         "sb3": lambda: bench_against_sb3(
             [item for item in base if not item.startswith("replay.capacity=")], run_dir / "sb3"
         ),
@@ -89,7 +91,8 @@ def main(argv: list[str]) -> int:
     printers = {"update": print_update, "training": print_training,
                 "checkpoint": print_checkpoint, "pixels": print_pixels,
                 "collection": print_collection, "replay_service": print_replay_service,
-                "overlap": print_overlap, "sb3": print_sb3, "gpu": print_gpu}  # fmt: skip
+                "overlap": print_overlap, "evaluation": print_evaluation, "sb3": print_sb3,
+                "gpu": print_gpu}  # fmt: skip
     for section in SECTIONS:
         if section in sections:
             report[section] = measure[section]()

@@ -1,0 +1,120 @@
+"""Evaluation in a process of its own (``eval.backend=process``): training goes on while it
+plays, and what is logged and saved is what a blocking evaluation gives, across stops and
+kills too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from rl_app.checkpointing import BEST_INDEX, checkpoint_candidates
+from rl_app.config import Config
+from rl_app.logger import read_metrics
+from rl_app.loop import RunFailed
+from rl_app.run import train
+from tests.gate_envs import EVAL_FAULT_VARIABLE, EVAL_GATE_VARIABLE, GATE_VARIABLE, GATED
+from tests.helpers import PYTHON, TINY_RUN, TRAIN_PY, saved_progress, strip_wall_time, wait_for
+
+# Six iterations of 200 frames, evaluations due at 600 and 1200: the last iteration waits
+# for the first evaluation before it starts its own, so both play at the same frames as a
+# blocking run's, however long they take.
+EVERY_600 = ["eval.interval_frames=600"]
+
+
+def logged(config: Config) -> tuple[list[dict], str]:
+    """The run's metrics rows (wall time aside) and its best checkpoint's index."""
+    rows = [strip_wall_time(row) for row in read_metrics(Path(config.run_dir))]
+    return rows, (Path(config.run_dir) / "checkpoints" / BEST_INDEX).read_text()
+
+
+def test_an_evaluation_in_its_own_process_logs_and_saves_what_a_blocking_one_does(
+    tiny_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    runs = {
+        backend: tiny_config(*EVERY_600, f"eval.backend={backend}", run_dir=tmp_path / backend)
+        for backend in ("blocking", "process")
+    }
+    for config in runs.values():
+        train(config)
+    assert logged(runs["process"]) == logged(runs["blocking"])
+    assert [row["frames"] for row in logged(runs["process"])[0] if "eval/return" in row] == [
+        600,
+        1200,
+    ]
+
+
+# How the run stops, and the backend its resume evaluates with.
+ENDINGS = {
+    "SIGTERM": (signal.SIGTERM, "process"),
+    "SIGKILL": (signal.SIGKILL, "process"),
+    "SIGTERM, resumed blocking": (signal.SIGTERM, "blocking"),
+}
+
+
+@pytest.mark.parametrize(("signum", "resumed_backend"), ENDINGS.values(), ids=ENDINGS)
+def test_an_evaluation_a_stop_or_a_kill_drops_runs_after_the_resume_as_it_would_have(
+    tiny_config: Callable[..., Config], tmp_path: Path, signum: int, resumed_backend: str
+) -> None:
+    """The evaluation due at 600 frames waits at a gate in its process while training
+    goes on to the middle of its next iteration (training does not wait for it), where the
+    signal comes."""
+    overrides = [*GATED, *EVERY_600, "eval.backend=process"]
+    alone = tiny_config(*overrides, preset="dqn_cartpole", run_dir=tmp_path / "alone")
+    train(alone)
+    stopped = tiny_config(*overrides, preset="dqn_cartpole", run_dir=tmp_path / "stopped")
+    gate, eval_gate = tmp_path / "gate", tmp_path / "eval_gate"
+    gate.touch()
+    eval_gate.touch()
+    environment = {**os.environ, GATE_VARIABLE: str(gate), EVAL_GATE_VARIABLE: str(eval_gate)}
+    args = ["--config", "dqn_cartpole", *TINY_RUN, *overrides, f"run_dir={stopped.run_dir}"]
+    run = subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *args],
+        env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for("the evaluation at its gate", Path(f"{eval_gate}.reached").exists, 120)
+        wait_for("training at its gate", Path(f"{gate}.reached").exists, 120)
+        run.send_signal(signum)
+        gate.unlink()
+        if signum == signal.SIGKILL:  # the evaluation's process ends: its run is gone
+            eval_gate.unlink()
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    checkpoints = checkpoint_candidates(Path(stopped.run_dir) / "checkpoints")
+    progress = saved_progress(checkpoints[0])
+    assert progress.owed_eval is not None and progress.owed_eval["iteration"] == 3, stderr
+    # A stop saved the iteration it came in, whose row waits for the evaluation; a kill
+    # left the checkpoint saved when the evaluation started.
+    expected = {signal.SIGTERM: (800, 1), signal.SIGKILL: (600, 0)}[signum]
+    assert (progress.frames, len(progress.held_rows)) == expected
+    resumed = [*overrides, f"eval.backend={resumed_backend}"]
+    train(tiny_config(*resumed, preset="dqn_cartpole", run_dir=stopped.run_dir))
+    assert logged(stopped) == logged(alone)  # resumed, without gates
+
+
+def test_an_evaluation_that_fails_in_its_process_stops_the_run_and_the_resume_owes_it(
+    tiny_config: Callable[..., Config], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    overrides = [*GATED, *EVERY_600, "eval.backend=process"]
+    alone = tiny_config(*overrides, preset="dqn_cartpole", run_dir=tmp_path / "alone")
+    train(alone)
+    faulty = tiny_config(*overrides, preset="dqn_cartpole", run_dir=tmp_path / "faulty")
+    monkeypatch.setenv(EVAL_FAULT_VARIABLE, "1")
+    with pytest.raises(RunFailed) as failure:
+        train(faulty)
+    monkeypatch.delenv(EVAL_FAULT_VARIABLE)
+    message = str(failure.value)
+    checkpoint = Path(faulty.run_dir) / "checkpoints" / "checkpoint-000000000600"
+    assert message.startswith("training stopped while evaluating"), message
+    assert "RuntimeError: the evaluation env broke" in message
+    assert f"last good checkpoint: {checkpoint} (the evaluation runs first" in message
+    assert saved_progress(checkpoint).owed_eval["iteration"] == 3
+    train(faulty)
+    assert logged(faulty) == logged(alone)
