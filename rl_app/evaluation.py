@@ -123,7 +123,9 @@ class BackgroundEvaluator:
 
     A process, not a thread: TorchRL's exploration type (random or deterministic actions)
     is one value per process, which a collector and an evaluator in two threads would set
-    under each other."""
+    under each other. The ``Evaluator``'s own ``process`` backend is not enough for that:
+    it drives its worker from a thread of this process, under ``set_exploration_type``. In
+    the process, the ``Evaluator`` plays the episodes as a blocking evaluation does."""
 
     def __init__(self, config: Config, policy_factory: Callable[..., TensorDictModuleBase]) -> None:
         self.config, self.policy_factory = config, policy_factory

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rl_app.checkpointing import BEST_INDEX, checkpoint_candidates
+from rl_app.checks import load_config
 from rl_app.config import Config
 from rl_app.logger import read_metrics
 from rl_app.loop import RunFailed
@@ -48,6 +49,19 @@ def test_an_evaluation_in_its_own_process_logs_and_saves_what_a_blocking_one_doe
     ]
 
 
+# The gated CartPole (tests/gate_envs.py) under DQN, evaluating in a process.
+GATED_PROCESS = [*GATED, *EVERY_600, "eval.backend=process"]
+
+
+@pytest.fixture(scope="module")
+def alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], str]:
+    """What the ``GATED_PROCESS`` run logs when nothing stops it (trained once)."""
+    run_dir = tmp_path_factory.mktemp("alone")
+    config = load_config("dqn_cartpole", [*TINY_RUN, *GATED_PROCESS, f"run_dir={run_dir}"])
+    train(config)
+    return logged(config)
+
+
 # How the run stops, and the backend its resume evaluates with.
 ENDINGS = {
     "SIGTERM": (signal.SIGTERM, "process"),
@@ -58,20 +72,21 @@ ENDINGS = {
 
 @pytest.mark.parametrize(("signum", "resumed_backend"), ENDINGS.values(), ids=ENDINGS)
 def test_an_evaluation_a_stop_or_a_kill_drops_runs_after_the_resume_as_it_would_have(
-    tiny_config: Callable[..., Config], tmp_path: Path, signum: int, resumed_backend: str
+    tiny_config: Callable[..., Config],
+    tmp_path: Path,
+    alone: tuple[list[dict], str],
+    signum: int,
+    resumed_backend: str,
 ) -> None:
     """The evaluation due at 600 frames waits at a gate in its process while training
     goes on to the middle of its next iteration (training does not wait for it), where the
     signal comes."""
-    overrides = [*GATED, *EVERY_600, "eval.backend=process"]
-    alone = tiny_config(*overrides, preset="dqn_cartpole", run_dir=tmp_path / "alone")
-    train(alone)
-    stopped = tiny_config(*overrides, preset="dqn_cartpole", run_dir=tmp_path / "stopped")
+    stopped = tiny_config(*GATED_PROCESS, preset="dqn_cartpole", run_dir=tmp_path / "stopped")
     gate, eval_gate = tmp_path / "gate", tmp_path / "eval_gate"
     gate.touch()
     eval_gate.touch()
     environment = {**os.environ, GATE_VARIABLE: str(gate), EVAL_GATE_VARIABLE: str(eval_gate)}
-    args = ["--config", "dqn_cartpole", *TINY_RUN, *overrides, f"run_dir={stopped.run_dir}"]
+    args = ["--config", "dqn_cartpole", *TINY_RUN, *GATED_PROCESS, f"run_dir={stopped.run_dir}"]
     run = subprocess.Popen(
         [PYTHON, str(TRAIN_PY), *args],
         env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -94,18 +109,18 @@ def test_an_evaluation_a_stop_or_a_kill_drops_runs_after_the_resume_as_it_would_
     # left the checkpoint saved when the evaluation started.
     expected = {signal.SIGTERM: (800, 1), signal.SIGKILL: (600, 0)}[signum]
     assert (progress.frames, len(progress.held_rows)) == expected
-    resumed = [*overrides, f"eval.backend={resumed_backend}"]
+    resumed = [*GATED_PROCESS, f"eval.backend={resumed_backend}"]
     train(tiny_config(*resumed, preset="dqn_cartpole", run_dir=stopped.run_dir))
-    assert logged(stopped) == logged(alone)  # resumed, without gates
+    assert logged(stopped) == alone  # resumed, without gates
 
 
 def test_an_evaluation_that_fails_in_its_process_stops_the_run_and_the_resume_owes_it(
-    tiny_config: Callable[..., Config], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_config: Callable[..., Config],
+    tmp_path: Path,
+    alone: tuple[list[dict], str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    overrides = [*GATED, *EVERY_600, "eval.backend=process"]
-    alone = tiny_config(*overrides, preset="dqn_cartpole", run_dir=tmp_path / "alone")
-    train(alone)
-    faulty = tiny_config(*overrides, preset="dqn_cartpole", run_dir=tmp_path / "faulty")
+    faulty = tiny_config(*GATED_PROCESS, preset="dqn_cartpole", run_dir=tmp_path / "faulty")
     monkeypatch.setenv(EVAL_FAULT_VARIABLE, "1")
     with pytest.raises(RunFailed) as failure:
         train(faulty)
@@ -117,4 +132,4 @@ def test_an_evaluation_that_fails_in_its_process_stops_the_run_and_the_resume_ow
     assert f"last good checkpoint: {checkpoint} (the evaluation runs first" in message
     assert saved_progress(checkpoint).owed_eval["iteration"] == 3
     train(faulty)
-    assert logged(faulty) == logged(alone)
+    assert logged(faulty) == alone
