@@ -235,7 +235,7 @@ def end_iteration(
         elif stop.requested:
             progress.owed_eval = metrics
         else:
-            start_evaluation(run, metrics)
+            start_evaluation(run, metrics, run.algorithm.policy)
     elif progress.owed_eval is not None:
         progress.held_rows.append([progress.frames, metrics])
     if progress.owed_eval is None:
@@ -278,16 +278,12 @@ def evaluate_blocking(run: Run, metrics: dict[str, float], stop: StopRequest) ->
         raise
 
 
-def start_evaluation(
-    run: Run, metrics: dict[str, float], weights: dict[str, torch.Tensor] | None = None
-) -> None:
+def start_evaluation(run: Run, metrics: dict[str, float], policy: torch.nn.Module) -> None:
     """Start the evaluation of the iteration whose ``metrics`` row waits for it, in the
-    background, with the policy's weights now (or ``weights``, saved earlier)."""
+    background, with ``policy``'s weights now."""
     run.progress.owed_eval = metrics
-    if weights is None:
-        # Copies: a tensor sent to a process is shared with it, not copied.
-        policy = run.algorithm.policy.state_dict()
-        weights = {name: value.to("cpu", copy=True) for name, value in policy.items()}
+    # Copies on the CPU: a tensor sent to a process is shared with it, not copied.
+    weights = {name: value.to("cpu", copy=True) for name, value in policy.state_dict().items()}
     if run.evaluator is None:  # (resumed with eval.backend=blocking)
         run.evaluator = BackgroundEvaluator(run.config, run.algorithm.policy_factory())
     with run.phases("evaluating"):
@@ -375,7 +371,7 @@ def pay_owed_evaluation(run: Run, stop: StopRequest, on_eval: EvalHook | None) -
         with torch.random.fork_rng():  # (a copy's initial weights draw from it)
             policy = run.algorithm.policy_factory()()
         run.checkpoints.load_policy(progress.last_eval_frames, policy)
-        start_evaluation(run, progress.owed_eval, policy.state_dict())
+        start_evaluation(run, progress.owed_eval, policy)
         return False
     metrics, progress.owed_eval = progress.owed_eval, None
     log.info("the evaluation owed at %d frames runs first", progress.frames)

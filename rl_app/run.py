@@ -254,10 +254,10 @@ def train_locked(
                     "and a new run_dir trains afresh"
                 ) from None
             run.checkpoints.record_best()  # a fallback may have set the best one aside
-            # A row logged at an owed evaluation's frames (one in the background that ended
-            # after its checkpoint) is logged again when it runs.
+            # A row logged at an owed evaluation's own frames (one in the background that
+            # ended after its checkpoint) goes too: it is logged again when it runs.
             owed = run.progress.owed_eval is not None and not run.progress.held_rows
-            run.logger.rewind(run.progress.frames - owed)
+            run.logger.rewind(run.progress.frames - 1 if owed else run.progress.frames)
             log.info("resumed from %s at %d frames", resume_from, run.progress.frames)
             done = run.progress.frames >= config.collector.total_frames
             if done and run.progress.owed_eval is None:  # (an owed evaluation runs first)
