@@ -191,7 +191,7 @@ class RunCheckpoints:
 
     def add_score(self, frames: int, eval_return: float) -> None:
         """Give the checkpoint at ``frames`` the score of the evaluation it was saved for,
-        which ended later (``eval.backend=process``)."""
+        which ended later (``eval.backend=process`` or ``ray``)."""
         add_checkpoint_metadata(
             checkpoint_path(self.rotation.directory, frames), {EVAL_KEY: eval_return}
         )

@@ -173,14 +173,23 @@ def check_ray(config: Config) -> None:
     if address is None and config.launcher == "slurm":
         return  # the job starts its own Ray: rl_app.launch.slurm counts the job's allocation
     cpus = ray_cluster_cpus(address) if address else float(machine_cpus())
-    asked = config.collector.workers * config.ray.worker_cpus
+    asked, settings = ray_actor_cpus(config)
     if asked > cpus:
         where = f"the Ray cluster at {address}" if address else "this machine"
         raise ConfigError(
-            f"collector.workers={config.collector.workers} with "
-            f"ray.worker_cpus={config.ray.worker_cpus} asks {asked:g} CPUs, and {where} "
-            f"has {cpus:g}: lower either (ray.worker_cpus may be a fraction)"
+            f"{settings} asks {asked:g} CPUs, and {where} has {cpus:g}: lower "
+            "collector.workers or ray.worker_cpus (which may be a fraction)"
         )
+
+
+def ray_actor_cpus(config: Config) -> tuple[float, str]:
+    """The CPUs a Ray run's actors reserve (its collectors', and the evaluation's with
+    ``eval.backend=ray``), and the settings that ask them, in words."""
+    actors, settings = config.collector.workers, f"collector.workers={config.collector.workers}"
+    if config.eval.backend == "ray":
+        actors, settings = actors + 1, f"{settings} and eval.backend=ray (one actor more)"
+    cpus = config.ray.worker_cpus
+    return actors * cpus, f"{settings} with ray.worker_cpus={cpus:g}"
 
 
 # What a replay service's actor runs: rl_app's buffer with one of these samplers, and no
@@ -297,6 +306,11 @@ def check_background_evaluation(config: Config) -> None:
     training waits), or find its weights' checkpoint after a stop when one save prunes it."""
     if config.eval.backend == "blocking":
         return
+    if config.eval.backend == "ray" and config.collector.mode != "ray":
+        raise ConfigError(
+            "eval.backend=ray plays on the Ray cluster of collector.mode=ray: set it, or "
+            "eval.backend=process to play beside training without Ray"
+        )
     if config.eval.video:
         raise ConfigError(
             "eval.video=true needs eval.backend=blocking: a video is filmed while training waits"

@@ -56,9 +56,20 @@ def evaluate(
 
     ``abandon_point`` is called between its steps, and may raise to drop it
     (:meth:`rl_app.interrupts.StopRequest.abandon_point`)."""
-    actor = policy_factory()
     abandon_point()
-    actor.load_state_dict(policy.state_dict())
+    return evaluate_weights(config, policy_factory, policy.state_dict(), abandon_point)
+
+
+def evaluate_weights(
+    config: Config,
+    policy_factory: Callable[..., TensorDictModuleBase],
+    weights: dict[str, torch.Tensor],
+    abandon_point: Callable[[], None] = no_stop,
+) -> dict[str, float]:
+    """:func:`evaluate`'s scores for a policy with ``weights``: what an evaluation beside
+    training plays, in its own process or Ray actor."""
+    actor = policy_factory()
+    actor.load_state_dict(weights)
     return scores(play_episodes(config, actor, config.eval.episodes, abandon_point=abandon_point))
 
 
@@ -125,32 +136,38 @@ class BackgroundEvaluator:
     is one value per process, which a collector and an evaluator in two threads would set
     under each other. The ``Evaluator``'s own ``process`` backend is not enough for that:
     it drives its worker from a thread of this process, under ``set_exploration_type``. In
-    the process, the ``Evaluator`` plays the episodes as a blocking evaluation does."""
+    the process, the ``Evaluator`` plays the episodes as a blocking evaluation does.
+
+    A subclass plays them elsewhere by overriding :meth:`start_worker`, :meth:`send`,
+    :meth:`scores` and :meth:`close` (:class:`rl_app.ray_evaluation.RayEvaluator`)."""
 
     def __init__(self, config: Config, policy_factory: Callable[..., TensorDictModuleBase]) -> None:
         self.config, self.policy_factory = config, policy_factory
-        self.process: multiprocessing.process.BaseProcess | None = None
+        self.worker: Any = None  # the process (or actor) that plays them
         self.playing = False
-        self.start_process()
+        self.start_worker()
 
-    def start_process(self) -> None:
+    def start_worker(self) -> None:
         context = multiprocessing.get_context("spawn")
         self.jobs, worker_end = context.Pipe()
         # On the learner's thread count, as a blocking evaluation: the same float rounding.
         arguments = (self.config, self.policy_factory, torch.get_num_threads(), worker_end)
-        self.process = context.Process(
+        self.worker = context.Process(
             target=evaluation_worker, args=arguments, name="rl_app-evaluation", daemon=True
         )
-        self.process.start()
+        self.worker.start()
         worker_end.close()
 
     def start(self, weights: dict[str, torch.Tensor]) -> None:
         """Start an evaluation of a policy with ``weights`` (CPU tensors: a tensor sent to
         a process is shared with it, so they must not change until it ends)."""
-        if self.process is None:
-            self.start_process()
-        self.jobs.send(weights)
+        if self.worker is None:
+            self.start_worker()
+        self.send(weights)
         self.playing = True
+
+    def send(self, weights: dict[str, torch.Tensor]) -> None:
+        self.jobs.send(weights)
 
     def scores(self, timeout: float | None = 0) -> dict[str, float] | None:
         """The scores of the evaluation playing, once it has ended (waiting up to
@@ -161,9 +178,9 @@ class BackgroundEvaluator:
         try:
             outcome = self.jobs.recv()
         except EOFError:
-            self.process.join()
+            self.worker.join()
             raise RuntimeError(
-                f"the evaluation process ended without a result (exit code {self.process.exitcode})"
+                f"the evaluation process ended without a result (exit code {self.worker.exitcode})"
             ) from None
         self.playing = False
         if isinstance(outcome, str):
@@ -171,14 +188,14 @@ class BackgroundEvaluator:
         return outcome
 
     def cancel(self) -> None:
-        """Drop the evaluation playing at once, with its process (the next starts another)."""
+        """Drop the evaluation playing at once, with its worker (the next starts another)."""
         self.close()
-        self.process, self.playing = None, False
+        self.worker, self.playing = None, False
 
     def close(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.join()
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker.join()
             self.jobs.close()
 
 
@@ -197,12 +214,9 @@ def evaluation_worker(
         except EOFError:
             return
         try:
-            actor = policy_factory()
-            actor.load_state_dict(weights)
-            episodes = play_episodes(
-                config, actor, config.eval.episodes, abandon_point=end_if_orphaned
+            outcome: dict[str, float] | str = evaluate_weights(
+                config, policy_factory, weights, abandon_point=end_if_orphaned
             )
-            outcome: dict[str, float] | str = scores(episodes)
         except Exception:
             outcome = traceback.format_exc()
         jobs.send(outcome)

@@ -7,8 +7,8 @@ from its newest good checkpoint), then tells the story of one iteration, again a
 Metrics are logged before the checkpoint that covers them (or, when a stop left the
 iteration's evaluation owed, held in it until that evaluation runs after the resume): a run
 resumed from that checkpoint then neither repeats nor misses a row. With
-``eval.backend=process`` an evaluation plays while training goes on, and the rows from its
-iteration on wait for it: they are logged in order once it ends.
+``eval.backend=process`` or ``ray`` an evaluation plays while training goes on, and the rows
+from its iteration on wait for it: they are logged in order once it ends.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import BaseCollector
 
 from rl_app.algorithms import Algorithm
@@ -125,7 +126,7 @@ class Run:
     checkpoints: RunCheckpoints
     logger: RunLogger
     phases: PhaseTimer
-    # Where evaluations play beside training (eval.backend=process).
+    # Where evaluations play beside training (eval.backend=process or ray).
     evaluator: BackgroundEvaluator | None = None
 
     @property
@@ -219,7 +220,7 @@ def end_iteration(
     An evaluation that raises is owed too: the training state is saved before the error
     stops the run.
 
-    In the background (``eval.backend=process``), a due evaluation starts once the one
+    In the background (``eval.backend=process`` or ``ray``), a due evaluation starts once the one
     before has ended, and its iteration saves when it starts: that checkpoint holds the
     weights it plays, and gets its score when it ends (:func:`collect_evaluation`). A stop
     drops it, owed; the resume starts it again from that checkpoint's weights."""
@@ -285,9 +286,21 @@ def start_evaluation(run: Run, metrics: dict[str, float], policy: torch.nn.Modul
     # Copies on the CPU: a tensor sent to a process is shared with it, not copied.
     weights = {name: value.to("cpu", copy=True) for name, value in policy.state_dict().items()}
     if run.evaluator is None:  # (resumed with eval.backend=blocking)
-        run.evaluator = BackgroundEvaluator(run.config, run.algorithm.policy_factory())
+        run.evaluator = background_evaluator(run.config, run.algorithm.policy_factory())
     with run.phases("evaluating"):
         run.evaluator.start(weights)
+
+
+def background_evaluator(
+    config: Config, policy_factory: Callable[..., TensorDictModuleBase]
+) -> BackgroundEvaluator:
+    """Where evaluations play beside training: a Ray actor (``eval.backend=ray``), else a
+    process (``process``, or ``blocking`` resumed owing one that played in the background)."""
+    if config.eval.backend == "ray":
+        from rl_app.ray_evaluation import RayEvaluator
+
+        return RayEvaluator(config, policy_factory)
+    return BackgroundEvaluator(config, policy_factory)
 
 
 def collect_evaluation(

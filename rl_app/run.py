@@ -38,7 +38,6 @@ from rl_app.collection import (
 )
 from rl_app.config import Config, holds_checkpoint, to_yaml
 from rl_app.envs import make_env
-from rl_app.evaluation import BackgroundEvaluator
 from rl_app.fit import check_fit
 from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, PhaseTimer, RunLogger
 from rl_app.loop import (
@@ -47,6 +46,7 @@ from rl_app.loop import (
     Run,
     RunFailed,
     TrainResult,
+    background_evaluator,
     run_iterations,
     summarize,
 )
@@ -169,8 +169,8 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         weight_sync = WeightSync(collector, algorithm, config.env.name)
         built.pop_all()  # from here on, Run.close closes them
     # Started with the run, so that its imports are paid while training starts.
-    background = config.eval.backend == "process"
-    evaluator = BackgroundEvaluator(config, algorithm.policy_factory()) if background else None
+    background = config.eval.backend != "blocking"
+    evaluator = background_evaluator(config, algorithm.policy_factory()) if background else None
     return Run(
         config, run_dir, devices, algorithm, buffer, collector, weight_sync, progress,
         checkpoints, logger, PhaseTimer(), evaluator,

@@ -1,9 +1,10 @@
-"""Evaluation in a process of its own (``eval.backend=process``): training goes on while it
-plays, and what is logged and saved is what a blocking evaluation gives, across stops and
-kills too."""
+"""Evaluation in a process of its own (``eval.backend=process``) or a Ray actor
+(``eval.backend=ray``): training goes on while it plays, and what is logged and saved is what
+a blocking evaluation gives, across stops and kills too."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,11 +12,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
-from rl_app.checkpointing import BEST_INDEX, checkpoint_candidates
+from rl_app.algorithms import make_algorithm
+from rl_app.checkpointing import (
+    BEST_INDEX,
+    POLICY_COMPONENT,
+    checkpoint_candidates,
+    checkpoint_frames,
+    checkpoint_path,
+    load_component,
+)
 from rl_app.checks import load_config
 from rl_app.config import Config
-from rl_app.logger import read_metrics
+from rl_app.envs import make_env
+from rl_app.evaluation import evaluate
+from rl_app.logger import EVAL_KEY, read_metrics
 from rl_app.loop import RunFailed
 from rl_app.run import train
 from tests.gate_envs import EVAL_FAULT_VARIABLE, EVAL_GATE_VARIABLE, GATE_VARIABLE, GATED
@@ -49,6 +61,39 @@ def test_an_evaluation_in_its_own_process_logs_and_saves_what_a_blocking_one_doe
     ]
 
 
+# Collection and evaluation on Ray actors: one collector actor, half a CPU each.
+ON_RAY = [
+    "collector.mode=ray", "collector.workers=1", "ray.worker_cpus=0.5", "eval.backend=ray",
+]  # fmt: skip
+
+
+def assert_scores_are_those_of_the_weights_saved(config: Config, evaluated: list[int]) -> None:
+    """Each evaluation row of the run (one per 200 frames, evaluations at ``evaluated``)
+    holds the blocking evaluation of the weights saved at its frames, and ``best.json``
+    names a checkpoint with the best. (A run collecting on Ray is not the same twice to
+    the bit: its policy lag varies.)"""
+    rows, best = logged(config)
+    assert [row["frames"] for row in rows] == list(range(200, 1201, 200))
+    scored = {row["frames"]: row[EVAL_KEY] for row in rows if EVAL_KEY in row}
+    assert list(scored) == evaluated
+    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    checkpoints = Path(config.run_dir) / "checkpoints"
+    for frames, score in scored.items():
+        load_component(checkpoint_path(checkpoints, frames), POLICY_COMPONENT, algorithm.policy)
+        assert evaluate(config, algorithm.policy_factory(), algorithm.policy)[EVAL_KEY] == score
+    best_checkpoint = checkpoints / json.loads(best)["checkpoint"]
+    assert scored[checkpoint_frames(best_checkpoint)] == max(scored.values())
+
+
+@pytest.mark.ray
+def test_an_evaluation_on_a_ray_actor_scores_the_weights_saved_when_it_was_due(
+    tiny_config: Callable[..., Config],
+) -> None:
+    config = tiny_config(*EVERY_600, *ON_RAY)
+    train(config)
+    assert_scores_are_those_of_the_weights_saved(config, [600, 1200])
+
+
 # The gated CartPole (tests/gate_envs.py) under DQN, evaluating in a process.
 GATED_PROCESS = [*GATED, *EVERY_600, "eval.backend=process"]
 
@@ -60,6 +105,33 @@ def alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], str]:
     config = load_config("dqn_cartpole", [*TINY_RUN, *GATED_PROCESS, f"run_dir={run_dir}"])
     train(config)
     return logged(config)
+
+
+def stop_at_the_gates(config: Config, settings: list[str], signum: int, gates: Path) -> str:
+    """Run ``train.py`` with ``settings`` into ``config.run_dir``, its evaluation due at
+    600 frames waiting at a gate while training goes on to the middle of its next
+    iteration, where ``signum`` comes; its stderr once it has ended."""
+    gate, eval_gate = gates / "gate", gates / "eval_gate"
+    gate.touch()
+    eval_gate.touch()
+    environment = {**os.environ, GATE_VARIABLE: str(gate), EVAL_GATE_VARIABLE: str(eval_gate)}
+    args = ["--config", "dqn_cartpole", *TINY_RUN, *settings, f"run_dir={config.run_dir}"]
+    run = subprocess.Popen(
+        [PYTHON, str(TRAIN_PY), *args],
+        env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for("the evaluation at its gate", Path(f"{eval_gate}.reached").exists, 120)
+        wait_for("training at its gate", Path(f"{gate}.reached").exists, 120)
+        run.send_signal(signum)
+        gate.unlink()
+        if signum == signal.SIGKILL:  # the evaluation's process ends: its run is gone
+            eval_gate.unlink()
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    return stderr
 
 
 # How the run stops, and the backend its resume evaluates with.
@@ -78,30 +150,10 @@ def test_an_evaluation_a_stop_or_a_kill_drops_runs_after_the_resume_as_it_would_
     signum: int,
     resumed_backend: str,
 ) -> None:
-    """The evaluation due at 600 frames waits at a gate in its process while training
-    goes on to the middle of its next iteration (training does not wait for it), where the
-    signal comes."""
+    """Training goes on to its own gate while the evaluation waits at its gate in its
+    process: it does not wait for it."""
     stopped = tiny_config(*GATED_PROCESS, preset="dqn_cartpole", run_dir=tmp_path / "stopped")
-    gate, eval_gate = tmp_path / "gate", tmp_path / "eval_gate"
-    gate.touch()
-    eval_gate.touch()
-    environment = {**os.environ, GATE_VARIABLE: str(gate), EVAL_GATE_VARIABLE: str(eval_gate)}
-    args = ["--config", "dqn_cartpole", *TINY_RUN, *GATED_PROCESS, f"run_dir={stopped.run_dir}"]
-    run = subprocess.Popen(
-        [PYTHON, str(TRAIN_PY), *args],
-        env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        wait_for("the evaluation at its gate", Path(f"{eval_gate}.reached").exists, 120)
-        wait_for("training at its gate", Path(f"{gate}.reached").exists, 120)
-        run.send_signal(signum)
-        gate.unlink()
-        if signum == signal.SIGKILL:  # the evaluation's process ends: its run is gone
-            eval_gate.unlink()
-        _, stderr = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
+    stderr = stop_at_the_gates(stopped, GATED_PROCESS, signum, tmp_path)
     checkpoints = checkpoint_candidates(Path(stopped.run_dir) / "checkpoints")
     progress = saved_progress(checkpoints[0])
     assert progress.owed_eval is not None and progress.owed_eval["iteration"] == 3, stderr
@@ -112,6 +164,21 @@ def test_an_evaluation_a_stop_or_a_kill_drops_runs_after_the_resume_as_it_would_
     resumed = [*GATED_PROCESS, f"eval.backend={resumed_backend}"]
     train(tiny_config(*resumed, preset="dqn_cartpole", run_dir=stopped.run_dir))
     assert logged(stopped) == alone  # resumed, without gates
+
+
+@pytest.mark.ray
+def test_an_evaluation_on_a_ray_actor_a_stop_drops_runs_after_the_resume(
+    tiny_config: Callable[..., Config], tmp_path: Path
+) -> None:
+    # (Every checkpoint kept: the weights each evaluation played are checked.)
+    settings = [*GATED, *EVERY_600, *ON_RAY, "checkpoint.keep_last=8"]
+    stopped = tiny_config(*settings, preset="dqn_cartpole", run_dir=tmp_path / "stopped")
+    stderr = stop_at_the_gates(stopped, settings, signal.SIGTERM, tmp_path)
+    progress = saved_progress(checkpoint_candidates(Path(stopped.run_dir) / "checkpoints")[0])
+    assert progress.owed_eval is not None and progress.owed_eval["iteration"] == 3, stderr
+    assert (progress.frames, len(progress.held_rows)) == (800, 1)
+    train(stopped)
+    assert_scores_are_those_of_the_weights_saved(stopped, [600, 1200])
 
 
 def test_an_evaluation_that_fails_in_its_process_stops_the_run_and_the_resume_owes_it(

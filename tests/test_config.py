@@ -44,6 +44,7 @@ from tests.helpers import PYTHON, ROOT, run_train
         (["eval.backend=thread"], "eval.backend='thread' is not accepted: choose one of"),
         (["eval.backend=process", "eval.video=true"], "eval.video=true needs eval.backend"),
         (["eval.backend=process", "checkpoint.keep_last=1"], "checkpoint.keep_last >= 2"),
+        (["eval.backend=ray"], "eval.backend=ray plays on the Ray cluster of collector.mode=ray"),
     ],
 )
 def test_bad_input_exits_2_naming_the_key_and_creates_nothing(

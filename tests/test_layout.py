@@ -23,10 +23,15 @@ SCALE = (
     "rl_app.collection.workers", "rl_app.collection.distributed", "rl_app.collection.ray",
     "rl_app.collection.rpc", "rl_app.launch", "rl_app.upstream.ray",
     "rl_app.upstream.torchrl_workers", "rl_app.upstream.torchrl_collectors",
+    "rl_app.ray_evaluation",
 )  # fmt: skip
 # The places the core hands work to scale-out code, importing it only when asked to: a
-# collection mode to its backend, and a sweep with ``launcher: slurm`` to the SLURM launcher.
-DOORS = (("rl_app.collection", "make_collector"), ("rl_app.sweep.worker", "submit_to_slurm"))
+# collection mode to its backend, evaluations to a Ray actor, and a sweep with
+# ``launcher: slurm`` to the SLURM launcher.
+DOORS = (
+    ("rl_app.collection", "make_collector"), ("rl_app.loop", "background_evaluator"),
+    ("rl_app.sweep.worker", "submit_to_slurm"),
+)  # fmt: skip
 
 
 def module_name(path: Path) -> str:

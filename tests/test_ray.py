@@ -410,9 +410,24 @@ def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path, mon
             [f"collector.workers={machine_cpus() + 1}", "ray.worker_cpus=1", "ray.sync=false"],
             "ray.worker_cpus",
         ),
+        (
+            [
+                f"collector.workers={machine_cpus()}",
+                "ray.worker_cpus=1",
+                "ray.sync=false",
+                "eval.backend=ray",
+            ],
+            f"collector.workers={machine_cpus()} and eval.backend=ray (one actor more) with "
+            f"ray.worker_cpus=1 asks {machine_cpus() + 1} CPUs",
+        ),
         (["collector.device=cuda"], "collector.device"),
     ],
-    ids=["unreachable_address", "more_cpus_than_the_machine", "actors_on_a_gpu"],
+    ids=[
+        "unreachable_address",
+        "more_cpus_than_the_machine",
+        "an_evaluation_actor_too",
+        "actors_on_a_gpu",
+    ],
 )
 def test_what_ray_cannot_run_is_refused_before_anything_is_created(
     tmp_path: Path, args: list[str], named: str

@@ -225,8 +225,9 @@ class EvalConfig:
     backend: str = setting(
         "blocking",
         "blocking (training waits for the evaluation) | process (it plays in a process of "
-        "its own while training goes on, with the weights of the frame it was due at)",
-        choices=("blocking", "process"),
+        "its own while training goes on, with the weights of the frame it was due at) | ray "
+        "(as process, in an actor on the Ray cluster of collector.mode=ray)",
+        choices=("blocking", "process", "ray"),
         on_resume=True,
     )
     video: bool = setting(

@@ -18,7 +18,7 @@ from typing import Any
 
 import submitit
 
-from rl_app.checks import load_config
+from rl_app.checks import load_config, ray_actor_cpus
 from rl_app.config import Config, ConfigError, to_yaml
 from rl_app.launch.cluster import (
     JOB_DIR,
@@ -140,13 +140,12 @@ def check_job_ray(config: Config, settings: JobSettings) -> None:
             )
         return
     cpus = settings.nodes * settings.cpus_per_task
-    asked = config.collector.workers * config.ray.worker_cpus
+    asked, asking = ray_actor_cpus(config)
     if asked > cpus:
         raise ConfigError(
-            f"collector.workers={config.collector.workers} with "
-            f"ray.worker_cpus={config.ray.worker_cpus} asks {asked:g} CPUs, and the job's "
-            f"allocation has {cpus} (slurm.nodes={settings.nodes} x slurm.cpus_per_task="
-            f"{settings.cpus_per_task}): lower the first two or raise the last two"
+            f"{asking} asks {asked:g} CPUs, and the job's allocation has {cpus} "
+            f"(slurm.nodes={settings.nodes} x slurm.cpus_per_task={settings.cpus_per_task}): "
+            "lower collector.workers or ray.worker_cpus, or raise the last two"
         )
 
 
