@@ -173,23 +173,23 @@ def check_ray(config: Config) -> None:
     if address is None and config.launcher == "slurm":
         return  # the job starts its own Ray: rl_app.launch.slurm counts the job's allocation
     cpus = ray_cluster_cpus(address) if address else float(machine_cpus())
-    asked, settings = ray_actor_cpus(config)
+    asked, asking, fewer = ray_actor_cpus(config)
     if asked > cpus:
         where = f"the Ray cluster at {address}" if address else "this machine"
-        raise ConfigError(
-            f"{settings} asks {asked:g} CPUs, and {where} has {cpus:g}: lower "
-            "collector.workers or ray.worker_cpus (which may be a fraction)"
-        )
+        raise ConfigError(f"{asking} asks {asked:g} CPUs, and {where} has {cpus:g}: {fewer}")
 
 
-def ray_actor_cpus(config: Config) -> tuple[float, str]:
+def ray_actor_cpus(config: Config) -> tuple[float, str, str]:
     """The CPUs a Ray run's actors reserve (its collectors', and the evaluation's with
-    ``eval.backend=ray``), and the settings that ask them, in words."""
-    actors, settings = config.collector.workers, f"collector.workers={config.collector.workers}"
+    ``eval.backend=ray``), the settings that ask them and those that can ask fewer, in
+    words."""
+    actors, asking = config.collector.workers, f"collector.workers={config.collector.workers}"
+    fewer = "lower collector.workers or ray.worker_cpus (a fraction is accepted)"
     if config.eval.backend == "ray":
-        actors, settings = actors + 1, f"{settings} and eval.backend=ray (one actor more)"
+        actors, asking = actors + 1, f"{asking} and eval.backend=ray (one actor more)"
+        fewer += ", or evaluate with eval.backend=process"
     cpus = config.ray.worker_cpus
-    return actors * cpus, f"{settings} with ray.worker_cpus={cpus:g}"
+    return actors * cpus, f"{asking} with ray.worker_cpus={cpus:g}", fewer
 
 
 # What a replay service's actor runs: rl_app's buffer with one of these samplers, and no

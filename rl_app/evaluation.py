@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import multiprocessing
 import os
+import signal
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -207,6 +208,10 @@ def evaluation_worker(
 ) -> None:
     """A :class:`BackgroundEvaluator`'s process: for each set of weights it receives, the
     scores of their evaluation, or the traceback of its error; it ends with its run."""
+    # A Ctrl-C in a terminal, or a SIGTERM to the whole job, reaches this process too: the
+    # run heeds it, and drops the evaluation playing here itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(threads)
     while True:
         try:

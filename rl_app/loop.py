@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from contextlib import closing
+from contextlib import ExitStack, closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,12 +135,13 @@ class Run:
         return self.evaluator is not None and self.evaluator.playing
 
     def close(self) -> None:
-        if self.evaluator is not None:
-            self.evaluator.close()
-        self.collector.shutdown()
-        self.logger.close()
-        if self.checkpoints.journal is not None:
-            self.checkpoints.journal.close()
+        with ExitStack() as parts:  # closed in reverse (the evaluator first), each one
+            if self.checkpoints.journal is not None:
+                parts.callback(self.checkpoints.journal.close)
+            parts.callback(self.logger.close)
+            parts.callback(self.collector.shutdown)
+            if self.evaluator is not None:
+                parts.callback(self.evaluator.close)
 
 
 def run_iterations(

@@ -39,6 +39,8 @@ class RayEvaluator(BackgroundEvaluator):
     :class:`EvaluationActor` on the Ray cluster the collector joined; killed (not left
     running) when an evaluation is dropped or the run ends."""
 
+    result: ray.ObjectRef  # the scores of the evaluation playing, once it has ended
+
     def start_worker(self) -> None:
         actor = ray.remote(num_cpus=self.config.ray.worker_cpus)(EvaluationActor)
         self.worker = actor.remote(self.config, self.policy_factory, torch.get_num_threads())

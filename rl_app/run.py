@@ -167,10 +167,12 @@ def build_run(config: Config, resuming: bool = False) -> Run:
             journal,
         )
         weight_sync = WeightSync(collector, algorithm, config.env.name)
+        # Started with the run, so that its imports are paid while training starts.
+        evaluator = None
+        if config.eval.backend != "blocking":
+            evaluator = background_evaluator(config, algorithm.policy_factory())
+            built.callback(evaluator.close)  # (first: before the collector leaves Ray)
         built.pop_all()  # from here on, Run.close closes them
-    # Started with the run, so that its imports are paid while training starts.
-    background = config.eval.backend != "blocking"
-    evaluator = background_evaluator(config, algorithm.policy_factory()) if background else None
     return Run(
         config, run_dir, devices, algorithm, buffer, collector, weight_sync, progress,
         checkpoints, logger, PhaseTimer(), evaluator,

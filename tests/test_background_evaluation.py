@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,8 @@ def assert_scores_are_those_of_the_weights_saved(config: Config, evaluated: list
     assert [row["frames"] for row in rows] == list(range(200, 1201, 200))
     scored = {row["frames"]: row[EVAL_KEY] for row in rows if EVAL_KEY in row}
     assert list(scored) == evaluated
-    algorithm = make_algorithm(config, make_env(config.env, 0), torch.device("cpu"))
+    with closing(make_env(config.env, 0)) as env:
+        algorithm = make_algorithm(config, env, torch.device("cpu"))
     checkpoints = Path(config.run_dir) / "checkpoints"
     for frames, score in scored.items():
         load_component(checkpoint_path(checkpoints, frames), POLICY_COMPONENT, algorithm.policy)
@@ -107,10 +109,13 @@ def alone(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[dict], str]:
     return logged(config)
 
 
-def stop_at_the_gates(config: Config, settings: list[str], signum: int, gates: Path) -> str:
+def stop_at_the_gates(
+    config: Config, settings: list[str], signum: int, gates: Path, to_group: bool = False
+) -> str:
     """Run ``train.py`` with ``settings`` into ``config.run_dir``, its evaluation due at
     600 frames waiting at a gate while training goes on to the middle of its next
-    iteration, where ``signum`` comes; its stderr once it has ended."""
+    iteration, where ``signum`` comes (``to_group``: to every process of the run, as a
+    Ctrl-C in a terminal); its stderr once it has ended."""
     gate, eval_gate = gates / "gate", gates / "eval_gate"
     gate.touch()
     eval_gate.touch()
@@ -119,11 +124,12 @@ def stop_at_the_gates(config: Config, settings: list[str], signum: int, gates: P
     run = subprocess.Popen(
         [PYTHON, str(TRAIN_PY), *args],
         env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
     )  # fmt: skip
     try:
         wait_for("the evaluation at its gate", Path(f"{eval_gate}.reached").exists, 120)
         wait_for("training at its gate", Path(f"{gate}.reached").exists, 120)
-        run.send_signal(signum)
+        os.killpg(run.pid, signum) if to_group else run.send_signal(signum)
         gate.unlink()
         if signum == signal.SIGKILL:  # the evaluation's process ends: its run is gone
             eval_gate.unlink()
@@ -134,32 +140,35 @@ def stop_at_the_gates(config: Config, settings: list[str], signum: int, gates: P
     return stderr
 
 
-# How the run stops, and the backend its resume evaluates with.
+# How the run stops, whether the signal reaches every process of the run (the evaluation's
+# too, which leaves it to the run), and the backend its resume evaluates with.
 ENDINGS = {
-    "SIGTERM": (signal.SIGTERM, "process"),
-    "SIGKILL": (signal.SIGKILL, "process"),
-    "SIGTERM, resumed blocking": (signal.SIGTERM, "blocking"),
+    "SIGTERM": (signal.SIGTERM, False, "process"),
+    "SIGKILL": (signal.SIGKILL, False, "process"),
+    "Ctrl-C": (signal.SIGINT, True, "process"),
+    "SIGTERM to every process, resumed blocking": (signal.SIGTERM, True, "blocking"),
 }
 
 
-@pytest.mark.parametrize(("signum", "resumed_backend"), ENDINGS.values(), ids=ENDINGS)
+@pytest.mark.parametrize(("signum", "to_group", "resumed_backend"), ENDINGS.values(), ids=ENDINGS)
 def test_an_evaluation_a_stop_or_a_kill_drops_runs_after_the_resume_as_it_would_have(
     tiny_config: Callable[..., Config],
     tmp_path: Path,
     alone: tuple[list[dict], str],
     signum: int,
+    to_group: bool,
     resumed_backend: str,
 ) -> None:
     """Training goes on to its own gate while the evaluation waits at its gate in its
     process: it does not wait for it."""
     stopped = tiny_config(*GATED_PROCESS, preset="dqn_cartpole", run_dir=tmp_path / "stopped")
-    stderr = stop_at_the_gates(stopped, GATED_PROCESS, signum, tmp_path)
+    stderr = stop_at_the_gates(stopped, GATED_PROCESS, signum, tmp_path, to_group)
     checkpoints = checkpoint_candidates(Path(stopped.run_dir) / "checkpoints")
     progress = saved_progress(checkpoints[0])
     assert progress.owed_eval is not None and progress.owed_eval["iteration"] == 3, stderr
     # A stop saved the iteration it came in, whose row waits for the evaluation; a kill
     # left the checkpoint saved when the evaluation started.
-    expected = {signal.SIGTERM: (800, 1), signal.SIGKILL: (600, 0)}[signum]
+    expected = (600, 0) if signum == signal.SIGKILL else (800, 1)
     assert (progress.frames, len(progress.held_rows)) == expected
     resumed = [*GATED_PROCESS, f"eval.backend={resumed_backend}"]
     train(tiny_config(*resumed, preset="dqn_cartpole", run_dir=stopped.run_dir))
@@ -200,3 +209,22 @@ def test_an_evaluation_that_fails_in_its_process_stops_the_run_and_the_resume_ow
     assert saved_progress(checkpoint).owed_eval["iteration"] == 3
     train(faulty)
     assert logged(faulty) == alone
+
+
+@pytest.mark.ray
+def test_an_evaluation_that_fails_on_a_ray_actor_stops_the_run_and_the_resume_owes_it(
+    tiny_config: Callable[..., Config], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = [*GATED, *EVERY_600, *ON_RAY, "checkpoint.keep_last=8"]
+    faulty = tiny_config(*settings, preset="dqn_cartpole", run_dir=tmp_path / "faulty")
+    monkeypatch.setenv(EVAL_FAULT_VARIABLE, "1")  # (the run's Ray starts with it)
+    with pytest.raises(RunFailed) as failure:
+        train(faulty)
+    monkeypatch.delenv(EVAL_FAULT_VARIABLE)
+    message = str(failure.value)
+    assert "the evaluation failed in its Ray actor" in message, message
+    assert "RuntimeError: the evaluation env broke" in message
+    checkpoint = Path(faulty.run_dir) / "checkpoints" / "checkpoint-000000000600"
+    assert saved_progress(checkpoint).owed_eval["iteration"] == 3
+    train(faulty)
+    assert_scores_are_those_of_the_weights_saved(faulty, [600, 1200])

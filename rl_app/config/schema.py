@@ -311,7 +311,8 @@ class RayConfig:
         "actor is ready first while the others keep collecting (false)",
     )
     worker_cpus: float = setting(
-        1.0, "CPUs each collector actor reserves (Ray places an actor only where they are free)",
+        1.0, "CPUs each collector actor, and the evaluation's with eval.backend=ray, reserves "
+        "(Ray places an actor only where they are free)",
         above=0, on_resume=True,
     )  # fmt: skip
     max_actor_replacements: int = setting(

@@ -140,12 +140,12 @@ def check_job_ray(config: Config, settings: JobSettings) -> None:
             )
         return
     cpus = settings.nodes * settings.cpus_per_task
-    asked, asking = ray_actor_cpus(config)
+    asked, asking, fewer = ray_actor_cpus(config)
     if asked > cpus:
         raise ConfigError(
             f"{asking} asks {asked:g} CPUs, and the job's allocation has {cpus} "
             f"(slurm.nodes={settings.nodes} x slurm.cpus_per_task={settings.cpus_per_task}): "
-            "lower collector.workers or ray.worker_cpus, or raise the last two"
+            f"raise either, or {fewer}"
         )
 
 
