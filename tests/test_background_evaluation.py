@@ -96,8 +96,11 @@ def test_an_evaluation_on_a_ray_actor_scores_the_weights_saved_when_it_was_due(
     assert_scores_are_those_of_the_weights_saved(config, [600, 1200])
 
 
-# The gated CartPole (tests/gate_envs.py) under DQN, evaluating in a process.
+# The gated CartPole (tests/gate_envs.py) under DQN, evaluating in a process, or collecting
+# and evaluating on Ray with every checkpoint kept (the weights each evaluation played are
+# checked).
 GATED_PROCESS = [*GATED, *EVERY_600, "eval.backend=process"]
+GATED_RAY = [*GATED, *EVERY_600, *ON_RAY, "checkpoint.keep_last=8"]
 
 
 @pytest.fixture(scope="module")
@@ -179,10 +182,8 @@ def test_an_evaluation_a_stop_or_a_kill_drops_runs_after_the_resume_as_it_would_
 def test_an_evaluation_on_a_ray_actor_a_stop_drops_runs_after_the_resume(
     tiny_config: Callable[..., Config], tmp_path: Path
 ) -> None:
-    # (Every checkpoint kept: the weights each evaluation played are checked.)
-    settings = [*GATED, *EVERY_600, *ON_RAY, "checkpoint.keep_last=8"]
-    stopped = tiny_config(*settings, preset="dqn_cartpole", run_dir=tmp_path / "stopped")
-    stderr = stop_at_the_gates(stopped, settings, signal.SIGTERM, tmp_path)
+    stopped = tiny_config(*GATED_RAY, preset="dqn_cartpole", run_dir=tmp_path / "stopped")
+    stderr = stop_at_the_gates(stopped, GATED_RAY, signal.SIGTERM, tmp_path)
     progress = saved_progress(checkpoint_candidates(Path(stopped.run_dir) / "checkpoints")[0])
     assert progress.owed_eval is not None and progress.owed_eval["iteration"] == 3, stderr
     assert (progress.frames, len(progress.held_rows)) == (800, 1)
@@ -215,8 +216,7 @@ def test_an_evaluation_that_fails_in_its_process_stops_the_run_and_the_resume_ow
 def test_an_evaluation_that_fails_on_a_ray_actor_stops_the_run_and_the_resume_owes_it(
     tiny_config: Callable[..., Config], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    settings = [*GATED, *EVERY_600, *ON_RAY, "checkpoint.keep_last=8"]
-    faulty = tiny_config(*settings, preset="dqn_cartpole", run_dir=tmp_path / "faulty")
+    faulty = tiny_config(*GATED_RAY, preset="dqn_cartpole", run_dir=tmp_path / "faulty")
     monkeypatch.setenv(EVAL_FAULT_VARIABLE, "1")  # (the run's Ray starts with it)
     with pytest.raises(RunFailed) as failure:
         train(faulty)
