@@ -1,5 +1,5 @@
-"""Fixtures: tiny but real training configurations, and the local SLURM cluster (shared
-helpers are in tests/helpers.py)."""
+"""Fixtures: tiny but real training configurations, the command line run in this process,
+and the local SLURM cluster (shared helpers are in tests/helpers.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from rl_app.config import Config
 from rl_app.rendering import mp4_problem
 from rl_app.upstream.pytest import send_to_group
 from tests.helpers import TINY_RUN, UP_SCRIPT
+from train import main
 
 # Tests that run one after the other, each group in one worker: the SLURM tests share one
 # local cluster and its CPUs; the Ray tests one local Ray per module, and the RPC tests start
@@ -54,6 +55,42 @@ def tiny_config(tmp_path: Path):
         return load_config(preset, [*TINY_RUN, f"run_dir={target}", *overrides])
 
     return make
+
+
+@pytest.fixture
+def command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> Callable[..., subprocess.CompletedProcess]:
+    """``command(*args)``: ``train.py *args`` run through its ``main`` in this process, from
+    an empty ``tmp_path``: what it returned and printed. (A process per case pays torch's
+    imports, about 7 s on 2 busy cores; ``tests/test_config.py`` runs the process itself
+    once.)"""
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        monkeypatch.chdir(tmp_path)
+        code = main(list(args))
+        printed = capsys.readouterr()
+        return subprocess.CompletedProcess(["train.py", *args], code, printed.out, printed.err)
+
+    return run
+
+
+@pytest.fixture
+def refused(
+    tmp_path: Path, command: Callable[..., subprocess.CompletedProcess]
+) -> Callable[..., str]:
+    """``refused(*args)``: the error line of ``train.py *args``, which must exit 2 with that
+    one line and create nothing."""
+
+    def run(*args: str) -> str:
+        result = command(*args)
+        assert result.returncode == 2, result.stderr
+        assert result.stdout == "" and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+        assert list(tmp_path.iterdir()) == []  # no run directory, no files
+        return result.stderr
+
+    return run
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import pickle
 import shutil
 import subprocess
 import typing
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -48,29 +49,29 @@ from tests.helpers import PYTHON, ROOT, run_train
     ],
 )
 def test_bad_input_exits_2_naming_the_key_and_creates_nothing(
-    tmp_path: Path, args: list[str], named: str
+    refused: Callable[..., str], args: list[str], named: str
 ) -> None:
-    result = run_train(tmp_path, *args)
-    assert result.returncode == 2, result.stderr
-    assert named in result.stderr
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert list(tmp_path.iterdir()) == []  # no run directory, no files
+    assert named in refused(*args)
 
 
-def test_unknown_key_lists_accepted_keys(tmp_path: Path) -> None:
+def test_the_command_line_refuses_in_one_line_before_any_work(tmp_path: Path) -> None:
     result = run_train(tmp_path, "optim.lrr=1e-3")
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(tmp_path.iterdir()) == []
+    # An unknown key is answered with the keys accepted.
     assert "optim.lr" in result.stderr.replace("optim.lrr", "")
     assert "optim.batch_size" in result.stderr
 
 
-def test_out_of_range_message_says_what_is_accepted(tmp_path: Path) -> None:
-    result = run_train(tmp_path, "replay.slice_len=500")
-    assert "500" in result.stderr and "200" in result.stderr  # Pendulum episodes: 200 steps
+def test_out_of_range_message_says_what_is_accepted(refused: Callable[..., str]) -> None:
+    error = refused("replay.slice_len=500")
+    assert "500" in error and "200" in error  # Pendulum episodes: 200 steps
 
 
-def test_help_lists_every_group(tmp_path: Path) -> None:
-    result = run_train(tmp_path, "--help")
+def test_help_lists_every_group(command: Callable[..., subprocess.CompletedProcess]) -> None:
+    result = command("--help")
     assert result.returncode == 0
     for group in ["env", "network", "collector", "optim", "replay", "eval", "checkpoint", "logger"]:
         assert f"\n  {group}:" in result.stdout
@@ -81,20 +82,24 @@ def test_help_lists_every_group(tmp_path: Path) -> None:
     )
 
 
-def test_help_shows_the_values_of_the_preset_it_is_given(tmp_path: Path) -> None:
+def test_help_shows_the_values_of_the_preset_it_is_given(
+    tmp_path: Path, command: Callable[..., subprocess.CompletedProcess]
+) -> None:
     """What that run would use: dqn_cartpole discounts by 0.995, the schema by 0.99."""
     assert RunConfig().optim.gamma == 0.99
-    result = run_train(tmp_path, "--help", "--config", "dqn_cartpole")
+    result = command("--help", "--config", "dqn_cartpole")
     assert result.returncode == 0, result.stderr
     assert "settings (key=value in --config dqn_cartpole" in result.stdout
     assert "\n    optim.gamma=0.995  (discount factor)\n" in result.stdout
     assert "\n    algo=dqn  (" in result.stdout
-    assert "\n    optim.gamma=0.99  (discount factor)\n" in run_train(tmp_path, "-h").stdout
+    assert "\n    optim.gamma=0.99  (discount factor)\n" in command("-h").stdout
     assert list(tmp_path.iterdir()) == []
 
 
-def test_print_config_resolves_preset_and_overrides(tmp_path: Path) -> None:
-    result = run_train(tmp_path, "--print-config", "optim.lr=1e-3", "collector.total_frames=5000")
+def test_print_config_resolves_preset_and_overrides(
+    tmp_path: Path, command: Callable[..., subprocess.CompletedProcess]
+) -> None:
+    result = command("--print-config", "optim.lr=1e-3", "collector.total_frames=5000")
     assert result.returncode == 0, result.stderr
     printed = yaml.safe_load(result.stdout)
     assert printed["optim"]["lr"] == 1e-3
