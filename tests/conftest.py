@@ -14,7 +14,7 @@ from rl_app.checks import load_config
 from rl_app.config import Config
 from rl_app.rendering import mp4_problem
 from rl_app.upstream.pytest import send_to_group
-from tests.helpers import TINY_RUN, UP_SCRIPT
+from tests.helpers import TINY_RUN, UP_SCRIPT, refusal
 from train import main
 
 # Tests that run one after the other, each group in one worker: the SLURM tests share one
@@ -79,16 +79,11 @@ def command(
 def refused(
     tmp_path: Path, command: Callable[..., subprocess.CompletedProcess]
 ) -> Callable[..., str]:
-    """``refused(*args)``: the error line of ``train.py *args``, which must exit 2 with that
-    one line and create nothing."""
+    """``refused(*args)``: the error line of ``train.py *args``, which must refuse
+    (:func:`tests.helpers.refusal`)."""
 
     def run(*args: str) -> str:
-        result = command(*args)
-        assert result.returncode == 2, result.stderr
-        assert result.stdout == "" and "Traceback" not in result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-        assert list(tmp_path.iterdir()) == []  # no run directory, no files
-        return result.stderr
+        return refusal(command(*args), tmp_path)
 
     return run
 

@@ -77,6 +77,16 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     )
 
 
+def refusal(result: subprocess.CompletedProcess, cwd: Path) -> str:
+    """The error line of a ``train.py`` that had to refuse: exit 2 with that one line, no
+    traceback, nothing on stdout and nothing created in ``cwd``."""
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(cwd.iterdir()) == []  # no run directory, no files
+    return result.stderr
+
+
 def stop_a_run(
     cwd: Path, run_dir: Path, args: list[str], stop: Callable[[subprocess.Popen], Any]
 ) -> tuple[Any, str, Path]:

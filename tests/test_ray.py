@@ -45,6 +45,7 @@ from tests.helpers import (
     collect_around_a_push,
     move_on,
     named_checkpoint,
+    refusal,
     resume_in_process,
     run_train,
     stop_a_run,
@@ -463,7 +464,4 @@ def test_a_ray_run_without_ray_installed_is_refused(tmp_path: Path) -> None:
     result = subprocess.run(
         [PYTHON, "-c", program], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
-    assert result.returncode == 2, result.stderr
-    assert "collector.mode=ray needs Ray" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert list(tmp_path.iterdir()) == []
+    assert "collector.mode=ray needs Ray" in refusal(result, tmp_path)
