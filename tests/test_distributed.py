@@ -21,9 +21,7 @@ from rl_app.replay import TRAJECTORY_KEY
 from rl_app.run import train
 from rl_app.rundir import CHECKPOINTS_DIR
 from tests.helpers import (
-    PYTHON,
     TINY_RUN,
-    TRAIN_PY,
     acting_collector,
     actor_version,
     child_processes,
@@ -152,15 +150,9 @@ def test_trajectory_ids_are_unique_across_jobs_batches_and_resumes() -> None:
 
 @pytest.mark.slurm
 def test_collection_jobs_the_cluster_would_refuse_are_refused_before_training(
-    slurm_cluster: None, tmp_path: Path
+    slurm_cluster: None, refused
 ) -> None:
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [PYTHON, str(TRAIN_PY), *TINY_RUN, *DISTRIBUTED_RUN, f"run_dir={run_dir}",
-         "slurm.collector_partition=nosuchpartition"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2
-    assert result.stderr.startswith("error: ") and "nosuchpartition" in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert not run_dir.exists()
+    error = refused(
+        *TINY_RUN, *DISTRIBUTED_RUN, "run_dir=run", "slurm.collector_partition=nosuchpartition"
+    )
+    assert error.startswith("error: ") and "nosuchpartition" in error

@@ -9,13 +9,12 @@ One actor of one CPU on the one-CPU job of ``slurm.profile=local``: every actor 
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from rl_app.launch.job import read_attempts
-from tests.helpers import PYTHON, TINY_RUN, TRAIN_PY, wait_for
+from tests.helpers import TINY_RUN, wait_for
 from tests.test_slurm import (  # noqa: F401 (launch: the fixture)
     assert_frames_continuous,
     launch,
@@ -92,14 +91,7 @@ def preempt_after_a_checkpoint(job_id: str, run_dir: Path) -> tuple[int, float]:
     ids=["more_actor_cpus_than_the_allocation", "several_nodes_without_ray"],
 )
 def test_what_the_job_cannot_run_is_refused_before_submitting(
-    slurm_cluster: None, tmp_path: Path, settings: list[str], message: str
+    slurm_cluster: None, refused, settings: list[str], message: str
 ) -> None:
-    run_dir = tmp_path / "run"
-    result = subprocess.run(
-        [PYTHON, str(TRAIN_PY), "launcher=slurm", "slurm.profile=local", *TINY_RUN,
-         f"run_dir={run_dir}", *settings],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
-    assert not run_dir.exists()  # nothing submitted
+    error = refused("launcher=slurm", "slurm.profile=local", *TINY_RUN, "run_dir=run", *settings)
+    assert message in error

@@ -22,6 +22,7 @@ import yaml
 from rl_app.launch.job import read_attempts
 from rl_app.logger import read_metrics
 from rl_app.rundir import HOLDER_FILE
+from rl_app.sweep.__main__ import main as sweep_command
 from rl_app.sweep.spec import load_sweep
 from rl_app.sweep.study import open_study
 from tests.gate_envs import GATE_VARIABLE, GATED
@@ -168,13 +169,15 @@ def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
     ],
 )
 def test_worker_settings_the_cluster_cannot_satisfy_are_refused_before_anything_is_created(
-    slurm_cluster: None, tmp_path: Path, slurm: dict[str, Any], message: str
+    slurm_cluster: None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    slurm: dict[str, Any],
+    message: str,
 ) -> None:
-    result = subprocess.run(
-        [PYTHON, "-m", "rl_app.sweep", str(write_sweep(tmp_path, slurm=slurm))],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 2
-    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
-    assert not (tmp_path / "sweep").exists()
-    assert "submitted" not in result.stdout
+    sweep_file = write_sweep(tmp_path, slurm=slurm)
+    assert sweep_command([str(sweep_file)]) == 2  # in this process: no imports paid again
+    printed = capsys.readouterr()
+    assert printed.err.count("\n") == 1 and message in printed.err, printed.err
+    assert printed.out == ""
+    assert list(tmp_path.iterdir()) == [sweep_file]  # no sweep directory, no files

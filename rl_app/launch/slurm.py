@@ -9,8 +9,11 @@ on a Ray cluster of the job's own nodes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,6 +101,8 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
         folder = Path(config.run_dir).resolve() / JOB_DIR
     for _, task in tasks:  # a run directory in use by a live process is refused
         check_run_dir_free(Path(task.run_dir))
+    run_dirs = [Path(config.run_dir), *(Path(task.run_dir) for _, task in tasks)]
+    created = {outermost_missing(path.resolve()) for path in run_dirs} - {None}
     for _, task in tasks:
         # The run directory shows its config (and counts as a run) from submission on.
         Path(task.run_dir).mkdir(parents=True, exist_ok=True)
@@ -108,13 +113,18 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
         from rl_app.launch.ray_cluster import job_setup
 
         setup = job_setup(folder)
-    jobs = submit_jobs(
-        folder,
-        settings,
-        f"rl_app-{Path(config.run_dir).name}",
-        [make_job(task, settings) for _, task in tasks],
-        setup,
-    )
+    try:
+        jobs = submit_jobs(
+            folder,
+            settings,
+            f"rl_app-{Path(config.run_dir).name}",
+            [make_job(task, settings) for _, task in tasks],
+            setup,
+        )
+    except ConfigError:  # sbatch refused: no run exists, nor the directories made for it
+        for directory in created:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
     submitted = [
         SubmittedJob(job.job_id, Path(task.run_dir), job.paths.stdout, job.paths.stderr, label)
         for job, (label, task) in zip(jobs, tasks, strict=True)
@@ -149,6 +159,14 @@ def check_job_ray(config: Config, settings: JobSettings) -> None:
         )
 
 
+def outermost_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` (itself included) that does not exist yet."""
+    missing = None
+    while not path.exists():
+        missing, path = path, path.parent
+    return missing
+
+
 def make_job(config: Config, settings: JobSettings) -> TrainJob:
     if runs_job_ray(config):
         from rl_app.launch.ray_cluster import RayTrainJob
@@ -169,7 +187,9 @@ def submit_jobs(
     :class:`ConfigError`."""
     executor = make_executor(folder, settings, name=name, setup=setup)
     try:
-        with executor.batch():  # several submissions in a batch make one job array
+        # Submissions in a batch make one job array. (submitit prints sbatch's refusal to
+        # stderr itself: the ConfigError says it once.)
+        with contextlib.redirect_stderr(io.StringIO()), executor.batch():
             jobs = [executor.submit(callable_) for callable_ in callables]
     except submitit.core.utils.FailedJobError as error:
         reason = str(error).strip().splitlines()[-1].removeprefix("sbatch: error: ")
