@@ -6,7 +6,8 @@ seeded as evaluation envs are (``seed + EVAL_SEED_OFFSET``) sleeps
 ``RL_APP_TEST_EVAL_STEP_S`` seconds (environment variable; 0 if unset) in each step;
 training envs never do. With ``RL_APP_TEST_USR2_AT_EVAL_STEP=N``, the N-th step of an
 evaluation copy in this process sends the process SIGUSR2 (a stop at a known point of an
-evaluation)."""
+evaluation). With ``RL_APP_TEST_SLOW_IN_FIRST_ATTEMPT_ONLY`` set, a requeued SLURM job's
+attempts (``SLURM_RESTART_COUNT`` 1 or more) are not slowed: they only pay what a stop owed."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from rl_app.envs import EVAL_SEED_OFFSET
 
 STEP_SECONDS_VARIABLE = "RL_APP_TEST_EVAL_STEP_S"
 USR2_AT_STEP_VARIABLE = "RL_APP_TEST_USR2_AT_EVAL_STEP"
+FIRST_ATTEMPT_ONLY_VARIABLE = "RL_APP_TEST_SLOW_IN_FIRST_ATTEMPT_ONLY"
 # With TINY_RUN's evaluations of 2 episodes of 200 steps: 20 s each, where one training
 # iteration takes well under a second.
 SLOW_STEP_S = "0.05"
@@ -40,6 +42,8 @@ class SlowEvalPendulum(PendulumEnv):
         if seed is not None:  # the seeding reset tells an evaluation copy apart
             self.evaluating = seed >= EVAL_SEED_OFFSET
             self.step_seconds = float(os.environ.get(STEP_SECONDS_VARIABLE, 0)) * self.evaluating
+            if os.environ.get(FIRST_ATTEMPT_ONLY_VARIABLE) and requeued():
+                self.step_seconds = 0.0
         return super().reset(seed=seed, options=options)
 
     def step(self, action):
@@ -49,6 +53,10 @@ class SlowEvalPendulum(PendulumEnv):
             if str(SlowEvalPendulum.evaluation_steps) == os.environ.get(USR2_AT_STEP_VARIABLE):
                 os.kill(os.getpid(), signal.SIGUSR2)
         return super().step(action)
+
+
+def requeued() -> bool:
+    return int(os.environ.get("SLURM_RESTART_COUNT", 0)) > 0
 
 
 SLOW_EVAL_PENDULUM = "rl_app_test/SlowEvalPendulum-v0"

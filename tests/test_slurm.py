@@ -33,7 +33,12 @@ from tests.helpers import (
     strip_wall_time,
     wait_for,
 )
-from tests.slow_eval_envs import SLOW_EVAL, SLOW_STEP_S, STEP_SECONDS_VARIABLE
+from tests.slow_eval_envs import (
+    FIRST_ATTEMPT_ONLY_VARIABLE,
+    SLOW_EVAL,
+    SLOW_STEP_S,
+    STEP_SECONDS_VARIABLE,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -189,9 +194,12 @@ def test_usr2_during_a_slow_evaluation_saves_at_once_and_the_requeued_job_pays_i
     launch, tiny_config, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_dir = tmp_path / "run"
-    monkeypatch.setenv(STEP_SECONDS_VARIABLE, SLOW_STEP_S)  # sbatch hands it to the job
+    slow_first_attempt = {STEP_SECONDS_VARIABLE: SLOW_STEP_S, FIRST_ATTEMPT_ONLY_VARIABLE: "1"}
+    for name, value in slow_first_attempt.items():
+        monkeypatch.setenv(name, value)  # sbatch hands them to the job
     (job_id,) = launch(run_dir, *SLOW_EVAL)
-    monkeypatch.delenv(STEP_SECONDS_VARIABLE)
+    for name in slow_first_attempt:
+        monkeypatch.delenv(name)
     # Iteration 1 is logged: USR2 comes in iteration 2, whose 20 s evaluation is due.
     wait_for("the first iteration", lambda: safe_metrics(run_dir), 120, job_id)
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
