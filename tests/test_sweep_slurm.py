@@ -166,6 +166,8 @@ def test_a_preempted_and_a_killed_worker_lose_no_trial_and_count_none_twice(
         ({"gpus_per_node": 2}, "slurm.gpus_per_node=2 is out of range: the nodes of partition"),
         ({"partition": "nope"}, "accepted partitions are debug"),
         ({"cpus_per_task": 4096}, "slurm.cpus_per_task=4096 is out of range"),
+        # (sbatch refuses it: the sweep directory made for the submission is removed again)
+        ({"constraint": "nosuchfeature"}, "sbatch refused the job"),
     ],
 )
 def test_worker_settings_the_cluster_cannot_satisfy_are_refused_before_anything_is_created(

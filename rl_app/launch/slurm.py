@@ -14,7 +14,7 @@ import dataclasses
 import io
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,18 +102,16 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
     for _, task in tasks:  # a run directory in use by a live process is refused
         check_run_dir_free(Path(task.run_dir))
     run_dirs = [Path(config.run_dir), *(Path(task.run_dir) for _, task in tasks)]
-    created = {outermost_missing(path.resolve()) for path in run_dirs} - {None}
-    for _, task in tasks:
-        # The run directory shows its config (and counts as a run) from submission on.
-        Path(task.run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(task.run_dir) / CONFIG_FILE).write_text(to_yaml(task))
+    with removed_if_refused(run_dirs):
+        for _, task in tasks:
+            # The run directory shows its config (and counts as a run) from submission on.
+            Path(task.run_dir).mkdir(parents=True, exist_ok=True)
+            (Path(task.run_dir) / CONFIG_FILE).write_text(to_yaml(task))
+        setup = None
+        if runs_job_ray(config):
+            from rl_app.launch.ray_cluster import job_setup
 
-    setup = None
-    if runs_job_ray(config):
-        from rl_app.launch.ray_cluster import job_setup
-
-        setup = job_setup(folder)
-    try:
+            setup = job_setup(folder)
         jobs = submit_jobs(
             folder,
             settings,
@@ -121,10 +119,6 @@ def submit(preset: str, overrides: list[str], config: Config) -> list[SubmittedJ
             [make_job(task, settings) for _, task in tasks],
             setup,
         )
-    except ConfigError:  # sbatch refused: no run exists, nor the directories made for it
-        for directory in created:
-            shutil.rmtree(directory, ignore_errors=True)
-        raise
     submitted = [
         SubmittedJob(job.job_id, Path(task.run_dir), job.paths.stdout, job.paths.stderr, label)
         for job, (label, task) in zip(jobs, tasks, strict=True)
@@ -165,6 +159,20 @@ def outermost_missing(path: Path) -> Path | None:
     while not path.exists():
         missing, path = path, path.parent
     return missing
+
+
+@contextlib.contextmanager
+def removed_if_refused(directories: list[Path]) -> Iterator[None]:
+    """Around making ``directories`` and submitting into them: if sbatch refuses (a
+    :class:`ConfigError`), what was made of them (and above them) is removed again, so that
+    nothing is left of a submission that never was."""
+    created = {outermost_missing(path.resolve()) for path in directories} - {None}
+    try:
+        yield
+    except ConfigError:
+        for directory in created:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
 
 
 def make_job(config: Config, settings: JobSettings) -> TrainJob:

@@ -95,12 +95,11 @@ def submit_to_slurm(sweep: Sweep, source: Path) -> int:
     ``jobs`` worker jobs (one job array) and return once they are queued."""
     from rl_app.launch.cluster import JOB_DIR, check_cluster, check_collection_jobs, job_settings
     from rl_app.launch.job import WorkerJob
-    from rl_app.launch.slurm import submit_jobs
+    from rl_app.launch.slurm import removed_if_refused, submit_jobs
 
     settings = job_settings(sweep.settings.slurm)
     check_cluster(settings)
     check_collection_jobs(load_config(sweep.settings.preset, fixed_overrides(sweep)))
-    prepare_sweep_dir(sweep, source)
     # A job may start in another directory: it gets absolute paths.
     placed = dataclasses.replace(
         sweep, settings=dataclasses.replace(sweep.settings, sweep_dir=str(sweep.dir.resolve()))
@@ -111,9 +110,14 @@ def submit_to_slurm(sweep: Sweep, source: Path) -> int:
         max_requeues=settings.max_requeues,
         resume_hint=f"run the sweep again to resume it: python -m rl_app.sweep {source}",
     )
-    jobs = submit_jobs(
-        placed.dir / JOB_DIR, settings, f"rl_app-{sweep.dir.name}", [worker] * sweep.settings.jobs
-    )
+    with removed_if_refused([sweep.dir]):
+        prepare_sweep_dir(sweep, source)
+        jobs = submit_jobs(
+            placed.dir / JOB_DIR,
+            settings,
+            f"rl_app-{sweep.dir.name}",
+            [worker] * sweep.settings.jobs,
+        )
     print(f"sweep {sweep.dir}: {len(jobs)} worker job(s)")
     for job in jobs:
         print(
