@@ -78,8 +78,9 @@ def run_train(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 def refusal(result: subprocess.CompletedProcess, cwd: Path) -> str:
-    """The error line of a ``train.py`` that had to refuse: exit 2 with that one line, no
-    traceback, nothing on stdout and nothing created in ``cwd``."""
+    """The error line of a command (``train.py``, the sweep command) that had to refuse:
+    exit 2 with that one line, no traceback, nothing on stdout and nothing created in
+    ``cwd``."""
     assert result.returncode == 2, result.stderr
     assert result.stdout == "" and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
