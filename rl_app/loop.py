@@ -1,5 +1,5 @@
-"""The training loop: ``train(config)`` builds a run from its factories (or resumes one
-from its newest good checkpoint), then tells the story of one iteration, again and again:
+"""The training loop: ``run_iterations`` takes the run ``rl_app.run.train`` built (or resumed)
+and tells the story of one iteration, again and again:
 
     collect -> extend -> sample -> update -> write back (priorities, ...)
             -> weight sync -> evaluate -> log -> checkpoint

@@ -21,7 +21,7 @@ from rl_app.algorithms import make_algorithm
 from rl_app.checks import load_config
 from rl_app.config import HOLDS_PREFIX, PRESETS_DIR, available_presets
 from rl_app.envs import make_env
-from rl_app.fit import available_ram, footprint, holds, transition_bytes
+from rl_app.fit import available_ram, footprint, holds, size, transition_bytes
 from rl_app.loop import RunFailed
 from rl_app.replay import (
     TRAJECTORY_KEY,
@@ -205,3 +205,22 @@ def test_each_preset_says_what_it_holds_as_the_estimate_does(preset: str) -> Non
     text = (PRESETS_DIR / f"{preset}.yaml").read_text().splitlines()
     said = [line.removeprefix(HOLDS_PREFIX) for line in text if line.startswith(HOLDS_PREFIX)]
     assert said == [holds(load_config(preset, ["run_dir=runs/unused"])) + "."]
+
+
+def test_the_capacity_doc_lists_every_preset_as_the_estimate_does() -> None:
+    """docs/capacity.md's table of the shipped presets: each cell starts with the estimate's
+    figure (a cell may explain it after), and no preset is missing."""
+    rows = {}
+    for line in (ROOT / "docs" / "capacity.md").read_text().splitlines():
+        if line.startswith("| `") and line.count("|") == 9:
+            preset, *cells = [cell.strip() for cell in line.strip("|").split("|")]
+            rows[preset.strip("`")] = cells
+    assert sorted(rows) == sorted(available_presets())
+    for preset, cells in rows.items():
+        config = load_config(preset, ["run_dir=runs/unused"])
+        fp = footprint(config, transition_bytes(config))
+        disk = fp.replay_files + fp.checkpoints_disk + fp.journals
+        estimate = [f"{fp.capacity:,}", f"{fp.transition:,}"] + [
+            size(part) for part in (fp.ram, fp.replay_files, fp.checkpoint, fp.journals, disk)
+        ]
+        assert [cell.split(" (")[0] for cell in cells] == estimate, preset

@@ -181,8 +181,8 @@ class ReplayConfig:
     her_ratio: float = setting(
         0.0,
         "hindsight experience replay: the fraction of each sampled batch whose goal is "
-        "replaced by one its episode achieved (0: off; a goal env, algo=dqn or sac with an "
-        "MLP; a slice takes one goal for all its steps)",
+        "replaced by one its episode achieved (0: off; a goal env, algo=dqn, sac or td3 with "
+        "an MLP; a slice takes one goal for all its steps)",
         at_least=0, at_most=1,
     )  # fmt: skip
     her_strategy: str = setting(
