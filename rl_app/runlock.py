@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import socket
 import time
 from collections.abc import Iterator
@@ -22,6 +23,11 @@ from filelock import FileLock, Timeout
 
 from rl_app.config import ConfigError
 from rl_app.rundir import HOLDER_FILE, LOCK_FILE
+
+# What flock(2) fails with where the file system has no flock locks: no flock at all, none
+# served (NFS without its lock daemon), or an operation the file system does not support
+# (FUSE, some network file systems).
+NO_FLOCK_ERRNOS = frozenset({errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP})
 
 
 class RunDirUnwritable(Exception):
@@ -51,19 +57,30 @@ def busy_message(run_dir: Path, waited_s: float) -> str:
     )
 
 
+def outermost_missing(path: Path) -> Path | None:
+    """The outermost directory of ``path`` (itself included) that does not exist yet."""
+    missing = None
+    while not path.exists():
+        missing, path = path, path.parent
+    return missing
+
+
 def acquire(run_dir: Path, wait_s: float) -> FileLock:
     """``run_dir``'s lock, held (the directory is created if needed); :class:`RunDirBusy`
     if another process keeps it longer than ``wait_s`` seconds or the file system cannot
     lock at all, :class:`RunDirUnwritable` if the directory cannot be written."""
     lock = FileLock(run_dir / LOCK_FILE, mode=0o644, fallback_to_soft=False)
+    created = outermost_missing(run_dir.resolve())
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         lock.acquire(timeout=wait_s)
     except Timeout:
         raise RunDirBusy(busy_message(run_dir, wait_s)) from None
     except OSError as error:
-        if error.errno != errno.ENOSYS:
+        if error.errno not in NO_FLOCK_ERRNOS:
             raise RunDirUnwritable(error.strerror) from None
+        if created is not None:  # refused: nothing is left of it
+            shutil.rmtree(created, ignore_errors=True)
         raise RunDirBusy(
             f"run_dir={str(run_dir)!r} cannot be locked ({error.strerror}): put it on a file "
             "system with flock locks (a local disk, NFSv4, Lustre mounted with -o flock)"

@@ -33,7 +33,7 @@ from rl_app.launch.cluster import (
 )
 from rl_app.launch.job import TrainJob
 from rl_app.rundir import CONFIG_FILE
-from rl_app.runlock import check_run_dir_free
+from rl_app.runlock import check_run_dir_free, outermost_missing
 
 # Inside the parent directory of a job array: one line per task.
 ARRAY_SUMMARY = "array.tsv"
@@ -151,14 +151,6 @@ def check_job_ray(config: Config, settings: JobSettings) -> None:
             f"(slurm.nodes={settings.nodes} x slurm.cpus_per_task={settings.cpus_per_task}): "
             f"raise either, or {fewer}"
         )
-
-
-def outermost_missing(path: Path) -> Path | None:
-    """The outermost directory of ``path`` (itself included) that does not exist yet."""
-    missing = None
-    while not path.exists():
-        missing, path = path, path.parent
-    return missing
 
 
 @contextlib.contextmanager
