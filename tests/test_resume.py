@@ -3,12 +3,12 @@ stopped or fed damaged state loses nothing and continues where it stopped."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from rl_app.checkpointing import CorruptCheckpoint, choose_checkpoint
 from rl_app.checks import load_config
 from rl_app.config import ConfigError
-from rl_app.logger import read_metrics
+from rl_app.logger import METRICS_FILE, read_metrics
 from rl_app.loop import RunFailed, run_iterations
 from rl_app.replay.journal import restorable_from
 from rl_app.run import build_run, train
@@ -51,6 +51,24 @@ def wait_for_checkpoints(run_dir: Path, count: int) -> None:
     checkpoints = run_dir / "checkpoints"
     wait_for(
         f"{count} checkpoints", lambda: len(list(checkpoints.glob("checkpoint-*"))) >= count, 120
+    )
+
+
+def logged_frames(run_dir: Path) -> int:
+    """The frames of the run's last complete metrics row (0 before the first)."""
+    path = run_dir / METRICS_FILE
+    text = path.read_text() if path.exists() else ""
+    rows = text[: text.rfind("\n") + 1].splitlines()
+    return json.loads(rows[-1])["frames"] if rows else 0
+
+
+def wait_past_the_newest_checkpoint(run_dir: Path) -> None:
+    """Wait until the run has logged an iteration past its newest checkpoint: work that a
+    kill then loses."""
+    saved = [path.name.split("-")[1] for path in (run_dir / "checkpoints").glob("checkpoint-*")]
+    newest = max(int(frames) for frames in saved if frames.isdigit())
+    wait_for(
+        "an iteration past the newest checkpoint", lambda: logged_frames(run_dir) > newest, 120
     )
 
 
@@ -162,7 +180,7 @@ def test_kill_9_then_resume_continues_counters_buffer_and_metrics(tmp_path: Path
     run_dir = tmp_path / "run"
     process = start_training(run_dir, "collector.total_frames=4000")
     wait_for_checkpoints(run_dir, 2)
-    time.sleep(1.0)  # let it run past the checkpoint, so that some work is lost
+    wait_past_the_newest_checkpoint(run_dir)  # so that some work is lost
     process.kill()
     process.wait()
     scratch_rows = len(read_metrics(run_dir))
@@ -439,7 +457,7 @@ def test_resume_continues_the_same_wandb_run_and_csv_logs(
     csv_dir = tmp_path / "csv"
     process = start_training(csv_dir, "logger.backend=csv", "collector.total_frames=4000")
     wait_for_checkpoints(csv_dir, 2)
-    time.sleep(1.0)
+    wait_past_the_newest_checkpoint(csv_dir)
     process.kill()
     process.wait()
     train(load_config("default", [f"run_dir={csv_dir}"]))
