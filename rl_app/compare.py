@@ -7,7 +7,7 @@ each group's mean over seeds with a 95% bootstrap interval, one panel per enviro
 ``compare.md`` (final and best evaluation return per group, mean ± std over seeds, seeds,
 frames, wall time; in a goal env, also the final and best evaluation success rate).
 Groups are labelled by the settings that differ between them. A run directory that cannot
-be read is named and skipped."""
+be read is named and skipped; one that does not exist is refused before any work."""
 
 from __future__ import annotations
 
@@ -253,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="default: runs/compare-<date>-<time>")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     out = args.out or Path("runs") / f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    if missing := [str(path) for path in args.runs if not path.exists()]:
+        print(f"error: no such run directory: {', '.join(missing)}", file=sys.stderr)
+        return 2
     try:
         summaries, skipped = compare(args.runs, out)
     except UnreadableRun as error:

@@ -13,6 +13,7 @@ import yaml
 
 from rl_app.checks import load_config
 from rl_app.compare import FIGURE_FILE, TABLE_FILE, compare
+from rl_app.compare import main as compare_main
 from rl_app.config import to_yaml
 from rl_app.logger import SUCCESS_RATE_KEY, read_metrics
 from rl_app.run import train
@@ -152,3 +153,15 @@ def test_nothing_to_compare_exits_2_with_one_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "missing" in done.stderr
+
+
+def test_a_run_directory_that_does_not_exist_is_refused_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # (A typo among RUNS: comparing the others would hide it.)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").mkdir()
+    assert compare_main(["a", "runs/typo", "b"]) == 2
+    printed = capsys.readouterr()
+    assert printed.out == "" and printed.err == "error: no such run directory: runs/typo, b\n"
+    assert [path.name for path in tmp_path.iterdir()] == ["a"]  # no runs/compare-*
