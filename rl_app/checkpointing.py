@@ -13,7 +13,8 @@ inside the staged checkpoint, and :func:`verify_checkpoint` checks them all befo
 is loaded.
 
 The replay buffer's data is not in a checkpoint: its files stay where they are, and an undo
-journal brings them back to a checkpoint's state (:mod:`rl_app.replay.journal`).
+journal brings them back to a checkpoint's state (:mod:`rl_app.replay.journal`); only a
+buffer in GPU memory (``replay.device=cuda``) is saved whole with each checkpoint.
 """
 
 from __future__ import annotations

@@ -119,8 +119,9 @@ def check_cudagraphs(config: Config) -> None:
 
 
 def check_collection(config: Config) -> None:
-    """A run collects at least one batch; sync and distributed batches are gathered evenly
-    from every worker, and every collector's share is a whole number of steps of its
+    """A run collects at least one batch; a batch gathered from every worker (sync, rpc,
+    ray with ``ray.sync``) or collection job (distributed) is split evenly among them, and
+    every collector's share is a whole number of steps of its
     ``env.num_envs`` envs."""
     collector, num_envs = config.collector, config.env.num_envs
     if collector.total_frames < collector.frames_per_batch:
@@ -132,7 +133,8 @@ def check_collection(config: Config) -> None:
     if gathered and collector.frames_per_batch % collector.workers:
         raise ConfigError(
             f"collector.frames_per_batch={collector.frames_per_batch} is not accepted: "
-            f"in sync mode it is split evenly among collector.workers={collector.workers}"
+            f"in {collector.mode} mode it is split evenly among "
+            f"collector.workers={collector.workers}"
         )
     if collector.mode == "distributed":
         if collector.frames_per_batch % collector.nodes:
@@ -201,7 +203,8 @@ def check_replay_service(config: Config) -> None:
     """``replay.service=ray`` is written into by ``collector.mode=ray`` actors, and stores
     on the CPU what its actor can sample alone: hindsight relabelling (the learner's goal
     env), Sequence windows, recurrent states (the learner's network) and frames stored
-    once (a transform holding the storage) stay in-process. Its actor reserves no CPU."""
+    once (a transform holding the storage) stay in-process, and so do n-step transitions
+    (made of the sampled slices). Its actor reserves no CPU."""
     replay = config.replay
     if replay.service == "none":
         return

@@ -129,8 +129,9 @@ def play_episodes(
 
 class BackgroundEvaluator:
     """Evaluations played while training goes on (``eval.backend=process``), one at a time,
-    in a process of its own that lives as long as the run (its imports are paid once,
-    beside training). Each is played by a policy with the weights given to :meth:`start`,
+    in a process of its own that plays one after another (its imports are paid once,
+    beside training; a cancelled evaluation's process is killed, and the next start makes
+    a new one). Each is played by a policy with the weights given to :meth:`start`,
     those of the policy when the evaluation was due: the episodes :func:`evaluate` plays.
 
     A process, not a thread: TorchRL's exploration type (random or deterministic actions)

@@ -34,7 +34,7 @@ def make_backend_logger(
     """The TorchRL logger named by ``logger.backend`` (``none`` gives no logger).
 
     ``saved_state`` (a logger's ``state_dict``) continues the same run, e.g. the same wandb
-    run id. wandb runs offline unless an API key is configured, so no account is needed."""
+    run id. wandb runs offline unless ``WANDB_API_KEY`` is set, so no account is needed."""
     if logger.backend == "none":
         return None
     options: dict[str, Any] = {}

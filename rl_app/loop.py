@@ -112,7 +112,7 @@ EVAL_TIME_ROOM = 1.5
 
 @dataclass
 class Run:
-    """Everything one run is made of, built by :func:`build_run` from its config."""
+    """Everything one run is made of, built by :func:`rl_app.run.build_run` from its config."""
 
     config: Config
     run_dir: Path

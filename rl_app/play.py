@@ -184,7 +184,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--episodes", type=int, help="episodes to play (default: eval.episodes)")
     parser.add_argument("--seed", type=int, help="env seed (default: the evaluation's)")
-    parser.add_argument("--video", type=Path, help="write the first episode here (MP4)")
+    parser.add_argument("--video", type=Path, help="write the first episode here (.mp4 or .gif)")
     return parser.parse_args(argv)
 
 

@@ -1,7 +1,7 @@
 """Videos of a policy playing, made with TorchRL's own parts: ``PixelRenderTransform`` and
 ``VideoRecorder`` (evaluation videos, sent through the logger's ``log_video``), and
-``torchrl.render`` (the files ``rl_app.play --video`` writes). The one place that knows how
-an env is rendered headless and which encoder each logger backend needs."""
+``torchrl.render`` (the files ``rl_app.play --video`` writes). How an env is rendered
+headless, and which encoder each logger backend needs, is :mod:`rl_app.rendering`'s."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@ and registered by where its class is (:data:`ALGORITHMS`): a run imports the mod
 algorithm it names, and no other.
 
 The loop calls an algorithm only through that interface: ``policy`` acts while collecting,
-``update(batch)`` takes one gradient step and writes each step's new priority,
-``checkpoint_components()`` is what a resume needs. Each algorithm declares what the config
+``update(batch)`` takes its gradient steps and returns their metrics and each step's TD
+error (the loop writes it back as priorities), ``checkpoint_components()`` is what a
+resume needs. Each algorithm declares what the config
 checks of it: the ``actions`` it takes, whether it has a ``recurrent`` network and reads
 ``goals``, its own ``settings`` group and its acting policy (``make_policy``).
 

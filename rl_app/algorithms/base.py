@@ -1,14 +1,17 @@
 """The small interface between the training loop and an RL algorithm.
 
-The loop never imports an algorithm module: it calls :func:`rl_app.algorithms.make_algorithm`
-and then only the methods below. Adding an algorithm (say a TD3) means:
+No core module imports an algorithm module: ``rl_app.run`` builds one with
+:func:`rl_app.algorithms.make_algorithm`, and the loop calls only the methods below. Adding
+an algorithm (TD3 came in this way) means:
 
-1. one module, ``rl_app/algorithms/td3.py``, with a class implementing :class:`Algorithm`
+1. one module, ``rl_app/algorithms/<name>.py``, with a class implementing :class:`Algorithm`
    that declares ``actions`` (``"continuous"`` or ``"discrete"``), ``recurrent`` and
    ``goals`` if it supports them, ``settings`` (its settings class), its acting policy in
-   ``make_policy``, and its ``update`` in one function, made fast by :func:`accelerate`;
+   ``make_policy``, and its ``update`` in one function, whose gradient steps
+   :func:`accelerate` makes fast (SAC's whole update; DQN's step; TD3's critic and actor
+   steps, each alone);
 2. its settings class in ``rl_app/config/algorithms.py`` and its field of ``RunConfig``
-   (the config's ``td3`` group);
+   (the config's ``<name>`` group);
 3. one line in ``ALGORITHMS`` (``rl_app/algorithms/__init__.py``): its name there is its
    ``algo=`` value;
 4. one preset in ``configs/``, and its tests.
@@ -129,8 +132,8 @@ class Algorithm(abc.ABC):
 
         Returns the detached scalar metrics of the step (losses, temperature, ...) and,
         under ``PRIORITY_KEY`` (:mod:`rl_app.replay`), the TD error of each step of
-        ``batch``, which the loop writes back as new priorities. Put together by
-        :func:`accelerate` with ``optim.compile`` and ``optim.cudagraphs``."""
+        ``batch``, which the loop writes back as new priorities. Its gradient steps go
+        through :func:`accelerate` (``optim.compile``, ``optim.cudagraphs``)."""
 
     def recurrent_states(self, sequences: TensorDictBase) -> TensorDictBase | None:
         """The recurrent state each record of the sampled ``[sequences, steps]`` would act

@@ -15,7 +15,8 @@ snapshot of the learner's weights that changes only when :class:`WeightSync` pus
 reader of direct mode needs neither.
 
 To add a topology: write ``rl_app/collection/<name>.py`` with a factory that returns a
-TorchRL collector (``make_<name>_collector(config, policy_factory, devices)``); add its
+TorchRL collector from the config and the policy's factory (as
+:func:`rl_app.collection.workers.make_worker_collector`); add its
 name to ``collector.mode``'s choices (``rl_app/config/schema.py``) and a branch to
 :func:`make_collector`, importing the module there only, so that other modes never load
 it; check its settings in ``rl_app/checks.py``; test it on real processes beside

@@ -204,11 +204,11 @@ def make_env(
     also says whether each step reached its goal (SUCCESS_KEY), and an Atari game with
     ``env.life_loss_terminal`` whether it lost a life (LIFE_LOST).
 
-    An Atari game, and any env that observes frames as one does
-    (:func:`rl_app.envs.atari.observes_frames`), observes uint8 frames instead
-    (:func:`frame_stacking`); a game's reward the learner sees is clipped to its sign (Mnih
-    et al., 2015), after ``episode_reward`` has summed the game's score: training and
-    evaluation returns are scores.
+    An Atari game, and any env that observes frames as one does (:func:`observes_frames`),
+    observes uint8 frames instead (:func:`rl_app.envs.atari.frame_stacking`); a game's
+    reward the learner sees is clipped to its sign (Mnih et al., 2015), after
+    ``episode_reward`` has summed the game's score: training and evaluation returns are
+    scores.
 
     With ``env.num_envs > 1`` it is a batch of envs stepped together in this process (a
     Gymnasium ``SyncVectorEnv``): one policy call and one TorchRL step serve them all. Its

@@ -26,10 +26,11 @@ FRAME_SAMPLERS = ("prioritized_slice", "slice")
 
 
 def check_atari(config: Config) -> None:
-    """An Atari game, or another env observing frames (:func:`observes_frames`), is learned
-    from stacks of frames that the replay buffer stores once (:mod:`rl_app.replay.frames`):
-    rebuilt along sampled slices, next to one-slot reset slots that only the slice
-    samplers, with slices of two steps or more, never draw."""
+    """An Atari game, or another env observing frames
+    (:func:`rl_app.envs.observes_frames`), is learned from stacks of frames that the replay
+    buffer stores once (:mod:`rl_app.replay.frames`): rebuilt along sampled slices, next to
+    one-slot reset slots that only the slice samplers, with slices of two steps or more,
+    never draw."""
     replay = config.replay
     if replay.sampler not in FRAME_SAMPLERS:
         raise ConfigError(

@@ -10,7 +10,7 @@ oldest. A paddle that follows where the ball is, not where it goes, stays a colu
 
 It observes one ``FRAME_SIZE`` x ``FRAME_SIZE`` uint8 grayscale frame, as an Atari game does
 after its preprocessing, and says so (``observes_frames``): it is learned as one is
-(:func:`rl_app.envs.atari.observes_frames`), by the Nature CNN from stacks of frames that
+(:func:`rl_app.envs.observes_frames`), by the Nature CNN from stacks of frames that
 the replay buffer stores once.
 
 Importing this module registers the id, so ``env.name`` takes it as

@@ -9,10 +9,11 @@ launcher is :func:`rl_app.run.train` itself); ``launcher=slurm`` submits the sam
 - :mod:`rl_app.launch.ray_cluster`: a Ray cluster on the job's own nodes, for
   ``collector.mode=ray`` with ``ray.address`` unset.
 
-Scale-out code (these modules, :mod:`rl_app.collection.workers` and
-:mod:`rl_app.collection.distributed`) is imported by the core only through two doors:
-:func:`rl_app.collection.make_collector` and :func:`rl_app.sweep.worker.submit_to_slurm`
-(``tests/test_layout.py``). A direct-mode run loads none of it.
+Scale-out code (these modules, the collection backends other than direct mode, and the
+Ray evaluator: ``SCALE`` in ``tests/test_layout.py``) is imported by the core only through
+three doors: :func:`rl_app.collection.make_collector`, the loop's ``background_evaluator``
+and :func:`rl_app.sweep.worker.submit_to_slurm` (``DOORS`` there). A direct-mode run loads
+none of it.
 
 To add a launcher: a module here with a ``submit(preset, overrides, config)`` that runs
 :func:`rl_app.run.train` where it should (wrapping it as :class:`rl_app.launch.job.TrainJob`

@@ -1,10 +1,11 @@
-"""The replay buffer: one part, which the loop extends with each collected batch, samples
-an iteration's batches from, and gives back what the updates computed
-(:class:`~rl_app.replay.buffer.RunReplayBuffer`). It is TorchRL's ``TensorDictReplayBuffer``:
-memmap storage on disk inside the run directory (:mod:`rl_app.replay.journal` brings it back
-to a checkpoint's state), a sampler chosen by ``replay.sampler`` (prioritized slices of
-whole trajectories by default), a writer counting each slot's overwrites so that late
-priorities and patches can be told from fresh ones.
+"""The replay buffer: one part, which the loop extends with each collected batch, samples an
+iteration's batches from, and gives back what the updates computed
+(:class:`~rl_app.replay.buffer.RunReplayBuffer`). It is TorchRL's
+``TensorDictReplayBuffer``: memmap storage on disk inside the run directory
+(:mod:`rl_app.replay.journal` brings it back to a checkpoint's state; with
+``replay.device=cuda``, storage in GPU memory), a sampler chosen by ``replay.sampler``
+(prioritized slices of whole trajectories by default), a writer counting each slot's
+overwrites so that late priorities and patches can be told from fresh ones.
 
 A feature is a module here, built from TorchRL's buffer parts (a storage, writer, sampler,
 sample unit, transform or buffer subclass), and switched on by :func:`make_replay_buffer`

@@ -115,13 +115,14 @@ def write_priorities(buffer: TensorDictReplayBuffer, sample: TensorDictBase) -> 
     """Write the priorities an update computed for ``sample`` (under ``PRIORITY_KEY``) into
     the buffer, for the slices still there; return how many slices were dropped.
 
-    A flat sample counts as slices of one step. Priorities are stored per step index, and
-    a prioritized slice sampler draws a slice *start* with probability proportional to the
-    start index's priority (raised to ``alpha``). So every step of a slice takes its own
-    TD error, then the slice's start takes :func:`slice_priorities` of them: that decides
-    how often this slice is drawn again (a start that is also an inner step of another
-    slice in the batch takes the slice priority). A Sequence window is a slice whose start
-    is its anchor and whose counted steps are its learning ones (``LOSS_MASK_KEY``).
+    A flat sample counts as slices of one step. Priorities are stored per step index, and a
+    prioritized slice sampler draws a slice *start* with probability proportional to the
+    start index's priority (raised to ``alpha``). So every counted step of a slice (not
+    padding, ``LOSS_MASK_KEY``) takes its own TD error, then the slice's start takes
+    :func:`slice_priorities` of them: that decides how often this slice is drawn again (a
+    start that is also an inner step of another slice in the batch takes the slice
+    priority). A Sequence window is a slice whose start is its anchor and whose counted
+    steps are its learning ones (``LOSS_MASK_KEY``).
 
     A slice overwritten, even in part, since it was sampled (the ring buffer wrapped, or a
     worker's data landed in between) keeps its own priorities: a slot's generation no

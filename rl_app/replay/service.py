@@ -11,8 +11,9 @@ buffer's do (:mod:`rl_app.replay.journal`): the files stay in place, the journal
 the actor, and a checkpoint holds the rest of its state (:class:`ServiceReplayState`).
 
 Only what runs inside the actor is supported: hindsight relabelling, Sequence windows,
-recurrent states and stored frames need the learner's env or networks, and are refused
-before anything is created (``rl_app/checks.py``).
+recurrent states and stored frames need the learner's env or networks, n-step transitions
+(``optim.target=nstep_transition``) a sample other than the slices as stored, and all are
+refused before anything is created (``rl_app/checks.py``).
 """
 
 from __future__ import annotations
