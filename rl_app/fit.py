@@ -141,8 +141,8 @@ def stored_keys(config: Config, env: EnvBase) -> list:
 
 def resources(config: Config) -> list[Resource]:
     """What this machine has for ``config``'s run: RAM, GPU memory with
-    ``replay.device=cuda``, and free disk on each file system its replay files and
-    checkpoints go to, counting the space the run's own files hold there (a file system
+    ``replay.device=cuda``, and free disk on each file system its replay files, checkpoints
+    and replay journals go to, counting the space the run's own files hold there (a file system
     this process cannot write to is left to the start, which reports it as such)."""
     found = [Resource("RAM", available_ram(), "of RAM available", ("ram",))]
     if config.replay.device.startswith("cuda"):
@@ -162,7 +162,7 @@ def resources(config: Config) -> list[Resource]:
         if not os.access(place, os.W_OK):
             continue
         device = place.stat().st_dev
-        if device in disks:  # both parts on one file system
+        if device in disks:  # parts on one file system: one budget
             disks[device] = dataclasses.replace(disks[device], parts=(*disks[device].parts, part))
             continue
         place = shown if shown.stat().st_dev == device else place

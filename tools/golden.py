@@ -26,6 +26,7 @@ SHORT_RUN = [
     "eval.episodes=2",
     "logger.backend=none",
     "optim.compile=false",
+    "device=cpu",
 ]
 # preset -> its own overrides on top of SHORT_RUN
 PRESETS = {
@@ -40,7 +41,6 @@ PRESETS = {
         "collector.init_random_frames=256",
         "eval.interval_frames=384",
         "eval.episodes=1",
-        "device=cpu",
     ],
 }
 TIMED = ("wall_seconds", "fps", "seconds", "per_s")

@@ -43,7 +43,7 @@ class BallTrackingEnv(gym.Env):
     ``EPISODE_STEPS`` steps."""
 
     metadata: dict[str, Any] = {"render_modes": ["rgb_array"]}  # noqa: RUF012 (Gymnasium's attribute)
-    # Learned from stacks of frames (rl_app.envs.atari.observes_frames).
+    # Learned from stacks of frames (rl_app.envs.observes_frames).
     observes_frames = True
 
     def __init__(self, render_mode: str | None = None) -> None:

@@ -4,7 +4,9 @@ executor that asks for it.
 A job's settings come from a profile in ``slurm/profiles/<name>.yaml`` with every ``slurm.*``
 key that is set laid over it; they are checked for types and ranges, then against the
 cluster (``sinfo``), before anything is submitted. Used by the SLURM launcher
-(:mod:`rl_app.launch.slurm`) and by collection jobs (:mod:`rl_app.collection.distributed`).
+(:mod:`rl_app.launch.slurm`, runs and a sweep's workers) and by collection jobs
+(:mod:`rl_app.collection.distributed`, and :mod:`rl_app.collection.rpc` with
+``rpc.launcher=slurm``).
 """
 
 from __future__ import annotations
@@ -83,7 +85,8 @@ def job_settings(slurm: Any) -> JobSettings:
 
 
 def collection_job_settings(slurm: Any) -> JobSettings:
-    """What each collection job asks for (``collector.mode=distributed``): the training
+    """What each collection job asks for (``collector.mode=distributed``, or ``rpc`` with
+    ``rpc.launcher=slurm``): the training
     job's settings with ``slurm.collector_*`` laid over them, no GPU, no requeue (a
     resumed learner submits fresh collection jobs)."""
     collector_overrides = {

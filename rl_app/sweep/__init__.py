@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps: ``python -m rl_app.sweep SWEEP.yaml [--summary]``.
+"""Hyperparameter sweeps: ``python -m rl_app.sweep SWEEP.yaml [--summary] [--worker]``.
 
 A sweep file names a preset (and fixed ``overrides``), a search ``space`` in the preset's
 own key names, and how many trials to run::
@@ -30,9 +30,10 @@ resumes from its newest checkpoint, so no trial is lost and none is counted twic
 
 With ``launcher: slurm`` the command checks the ``slurm:`` settings against the cluster,
 submits ``jobs`` worker jobs (:class:`rl_app.launch.job.WorkerJob`, each running
-:func:`rl_app.sweep.worker.work_trials`) and returns, as ``train.py launcher=slurm`` does.
-A USR2 stops a worker's trial at an iteration boundary with a checkpoint and requeues the
-job, which resumes the trial; the worker that finds nothing left writes the summary.
+:func:`rl_app.sweep.worker.work_in_job`: the trials, then the summary) and returns, as
+``train.py launcher=slurm`` does. A USR2 stops a worker's trial at an iteration boundary
+with a checkpoint and requeues the job, which resumes the trial; the worker that finds
+nothing left writes the summary.
 
 One module per job, each importing only those above it:
 

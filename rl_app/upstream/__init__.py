@@ -1,15 +1,18 @@
 """Every private name of a dependency, and every workaround of one of its behaviours: one
-module per library, nothing else in ``rl_app``, ``tools`` or ``tests`` reaches a private
-attribute or module of a dependency (``tests/test_layout.py`` checks it).
+module per library; nothing else in ``rl_app`` or ``tools``, and in ``tests`` only the tests
+of these workarounds, reaches a private attribute or module of a dependency
+(``tests/test_layout.py`` checks it).
 
 Whoever upgrades a dependency reads its module here first. Each item says what the library
-does, what is done here instead, and names the test in ``tests/test_upstream.py`` that starts
-failing (or can be deleted) once the library changes that behaviour.
+does, what is done here instead, and names the test (in ``tests/test_upstream.py``, or
+``tests/test_ray.py`` for Ray's) that starts failing (or can be deleted) once the library
+changes that behaviour.
 
 - :mod:`rl_app.upstream.torchrl`: TorchRL 0.14.1, what every run needs (the Gymnasium env
   inside a TorchRL env, a collector's next step, the thread count a closing batch of envs
-  sets, SACLoss's lazily created buffer, lazy storages, a replay buffer's state without its
-  data, the prioritized slice sampler's slice starts recomputed over the buffer after every
+  sets, SACLoss's lazily created buffer, lazy storages, priority trees kept on the CPU, a
+  replay buffer's and a sampler's state without its data, the prioritized slice sampler's
+  slice starts recomputed over the buffer after every
   extend, the bytes a buffer keeps per slot, a saved checkpoint's metadata). An optional
   feature's TorchRL workarounds are in a module of their own, which only that feature
   imports:
@@ -23,7 +26,8 @@ failing (or can be deleted) once the library changes that behaviour.
 - :mod:`rl_app.upstream.torchrl_hindsight`: HERReplayBuffer's hooks (``replay.her_ratio``).
 - :mod:`rl_app.upstream.ray`: Ray 2.60.0 with TorchRL 0.14.1's ``RayCollector`` (which actor
   stopped, a collector actor's truth, warnings that do not apply, an endless collector, the
-  random warm-up of actors sharing a buffer, a replay buffer owned by a Ray actor);
+  random warm-up of actors sharing a buffer, a replay buffer owned by a Ray actor, a
+  collector actor replaced);
   imported by ``collector.mode=ray`` only.
 - :mod:`rl_app.upstream.torch`: torch 2.14.1 (how inductor splits a compiled loss, its
   CUDA_HOME warning on machines without CUDA, FLOPs counted as they run).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 
 # glibc's malloc settings (mallopt): blocks up to this size come from its heap, and it
-# keeps up to this much freed memory instead of handing it back to the system.
+# keeps up to twice this much freed memory instead of handing it back to the system.
 M_MMAP_THRESHOLD, M_TRIM_THRESHOLD = -3, -1
 KEPT_BYTES = 1 << 30
 

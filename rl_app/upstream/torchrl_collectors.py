@@ -25,8 +25,8 @@ log = logging.getLogger("rl_app")
 # -- 1. the distributed collector on submitit ----------------------------------------------
 
 # TorchRL's distributed iterator treats total_frames=-1 as zero frames: "never stop" is a
-# count no run reaches. Test: ``test_distributed_collector_still_takes_its_join_wait_in_days``
-# guards this module's reading of that file.
+# count no run reaches. Test:
+# ``test_distributed_collector_still_stops_at_once_when_frames_are_minus_one``.
 UNBOUNDED_FRAMES = 2**62
 
 
@@ -47,7 +47,8 @@ class ExecutorDistributedCollector(DistributedCollector):
     TorchRL 0.14.1 takes the host name's address, its own executor (a ``./log_test``
     folder, no SLURM resources) and waits for the jobs to join ``MAX_TIME_TO_CONNECT``
     *days* (1,000: it is passed to ``timedelta`` as days). ``jobs`` holds the submitted
-    jobs as soon as they are submitted, also when joining then fails."""
+    jobs as soon as they are submitted, also when joining then fails. Test:
+    ``test_distributed_collector_still_takes_its_join_wait_in_days``."""
 
     def __init__(
         self,
