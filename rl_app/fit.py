@@ -56,6 +56,11 @@ class Footprint:
     journals: int  # the undo journals of the checkpoints a run resumes from
 
     @property
+    def disk(self) -> int:
+        """The disk it takes in all: replay files, checkpoints and journals."""
+        return self.replay_files + self.checkpoints_disk + self.journals
+
+    @property
     def checkpoints_disk(self) -> int:
         """The checkpoints on disk before a save, and the free space that save asks for."""
         return math.ceil(self.checkpoint * (self.checkpoints - 1 + SAVE_MARGIN))
@@ -111,10 +116,9 @@ def holds(config: Config) -> str:
     """What ``config``'s run holds at full size, in one line (each preset's comment says it:
     ``--help`` lists them)."""
     fp = footprint(config, transition_bytes(config))
-    disk = fp.replay_files + fp.checkpoints_disk + fp.journals
     return (
         f"{fp.capacity:,} transitions of {fp.transition:,} B: {size(fp.replay_files)} of replay "
-        f"files, {size(fp.ram)} of RAM, {size(disk)} of disk in all"
+        f"files, {size(fp.ram)} of RAM, {size(fp.disk)} of disk in all"
     )
 
 

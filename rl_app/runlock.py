@@ -65,26 +65,38 @@ def outermost_missing(path: Path) -> Path | None:
     return missing
 
 
+@contextmanager
+def removed_if_refused(directories: list[Path]) -> Iterator[None]:
+    """Around making ``directories`` and what may still refuse them (sbatch, the lock): on a
+    refusal (a :class:`ConfigError`), what was made of them (and above them) is removed
+    again, so that nothing is left of a run that never started."""
+    created = {outermost_missing(path.resolve()) for path in directories} - {None}
+    try:
+        yield
+    except ConfigError:
+        for directory in created:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+
+
 def acquire(run_dir: Path, wait_s: float) -> FileLock:
     """``run_dir``'s lock, held (the directory is created if needed); :class:`RunDirBusy`
     if another process keeps it longer than ``wait_s`` seconds or the file system cannot
     lock at all, :class:`RunDirUnwritable` if the directory cannot be written."""
     lock = FileLock(run_dir / LOCK_FILE, mode=0o644, fallback_to_soft=False)
-    created = outermost_missing(run_dir.resolve())
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock.acquire(timeout=wait_s)
-    except Timeout:
-        raise RunDirBusy(busy_message(run_dir, wait_s)) from None
-    except OSError as error:
-        if error.errno not in NO_FLOCK_ERRNOS:
-            raise RunDirUnwritable(error.strerror) from None
-        if created is not None:  # refused: nothing is left of it
-            shutil.rmtree(created, ignore_errors=True)
-        raise RunDirBusy(
-            f"run_dir={str(run_dir)!r} cannot be locked ({error.strerror}): put it on a file "
-            "system with flock locks (a local disk, NFSv4, Lustre mounted with -o flock)"
-        ) from None
+    with removed_if_refused([run_dir]):
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock.acquire(timeout=wait_s)
+        except Timeout:
+            raise RunDirBusy(busy_message(run_dir, wait_s)) from None
+        except OSError as error:
+            if error.errno not in NO_FLOCK_ERRNOS:
+                raise RunDirUnwritable(error.strerror) from None
+            raise RunDirBusy(
+                f"run_dir={str(run_dir)!r} cannot be locked ({error.strerror}): put it on a "
+                "file system with flock locks (a local disk, NFSv4, Lustre mounted with -o flock)"
+            ) from None
     return lock
 
 

@@ -219,8 +219,7 @@ def test_the_capacity_doc_lists_every_preset_as_the_estimate_does() -> None:
     for preset, cells in rows.items():
         config = load_config(preset, ["run_dir=runs/unused"])
         fp = footprint(config, transition_bytes(config))
-        disk = fp.replay_files + fp.checkpoints_disk + fp.journals
         estimate = [f"{fp.capacity:,}", f"{fp.transition:,}"] + [
-            size(part) for part in (fp.ram, fp.replay_files, fp.checkpoint, fp.journals, disk)
+            size(part) for part in (fp.ram, fp.replay_files, fp.checkpoint, fp.journals, fp.disk)
         ]
         assert [cell.split(" (")[0] for cell in cells] == estimate, preset

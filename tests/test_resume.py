@@ -15,7 +15,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl_app.checkpointing import CorruptCheckpoint, choose_checkpoint
+from rl_app.checkpointing import (
+    CorruptCheckpoint,
+    checkpoint_candidates,
+    checkpoint_frames,
+    choose_checkpoint,
+)
 from rl_app.checks import load_config
 from rl_app.config import ConfigError
 from rl_app.logger import METRICS_FILE, read_metrics
@@ -65,8 +70,7 @@ def logged_frames(run_dir: Path) -> int:
 def wait_past_the_newest_checkpoint(run_dir: Path) -> None:
     """Wait until the run has logged an iteration past its newest checkpoint: work that a
     kill then loses."""
-    saved = [path.name.split("-")[1] for path in (run_dir / "checkpoints").glob("checkpoint-*")]
-    newest = max(int(frames) for frames in saved if frames.isdigit())
+    newest = checkpoint_frames(checkpoint_candidates(run_dir / "checkpoints")[0])
     wait_for(
         "an iteration past the newest checkpoint", lambda: logged_frames(run_dir) > newest, 120
     )

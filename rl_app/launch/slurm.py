@@ -13,8 +13,7 @@ import contextlib
 import dataclasses
 import io
 import re
-import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from rl_app.launch.cluster import (
 )
 from rl_app.launch.job import TrainJob
 from rl_app.rundir import CONFIG_FILE
-from rl_app.runlock import check_run_dir_free, outermost_missing
+from rl_app.runlock import check_run_dir_free, removed_if_refused
 
 # Inside the parent directory of a job array: one line per task.
 ARRAY_SUMMARY = "array.tsv"
@@ -151,20 +150,6 @@ def check_job_ray(config: Config, settings: JobSettings) -> None:
             f"(slurm.nodes={settings.nodes} x slurm.cpus_per_task={settings.cpus_per_task}): "
             f"raise either, or {fewer}"
         )
-
-
-@contextlib.contextmanager
-def removed_if_refused(directories: list[Path]) -> Iterator[None]:
-    """Around making ``directories`` and submitting into them: if sbatch refuses (a
-    :class:`ConfigError`), what was made of them (and above them) is removed again, so that
-    nothing is left of a submission that never was."""
-    created = {outermost_missing(path.resolve()) for path in directories} - {None}
-    try:
-        yield
-    except ConfigError:
-        for directory in created:
-            shutil.rmtree(directory, ignore_errors=True)
-        raise
 
 
 def make_job(config: Config, settings: JobSettings) -> TrainJob:

@@ -17,6 +17,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from rl_app.checks import load_config
+from rl_app.runlock import removed_if_refused
 from rl_app.sweep.spec import LOGS_DIR, SUMMARY_LOCK, Sweep, fixed_overrides
 from rl_app.sweep.study import TrainTrial, claim_next, open_study, prepare_sweep_dir, run_trial
 from rl_app.sweep.summary import write_summary
@@ -95,7 +96,7 @@ def submit_to_slurm(sweep: Sweep, source: Path) -> int:
     ``jobs`` worker jobs (one job array) and return once they are queued."""
     from rl_app.launch.cluster import JOB_DIR, check_cluster, check_collection_jobs, job_settings
     from rl_app.launch.job import WorkerJob
-    from rl_app.launch.slurm import removed_if_refused, submit_jobs
+    from rl_app.launch.slurm import submit_jobs
 
     settings = job_settings(sweep.settings.slurm)
     check_cluster(settings)
