@@ -7,7 +7,8 @@ an algorithm (TD3 came in this way) means:
 1. one module, ``rl_app/algorithms/<name>.py``, with a class implementing :class:`Algorithm`
    that declares ``actions`` (``"continuous"`` or ``"discrete"``), ``recurrent`` and
    ``goals`` if it supports them, ``settings`` (its settings class), its acting policy in
-   ``make_policy``, and its ``update`` in one function, whose gradient steps
+   ``make_policy``, an ``__init__`` that calls :meth:`Algorithm.__init__` (which makes the
+   policy) and builds the loss, and its ``update`` in one function, whose gradient steps
    :func:`accelerate` makes fast (SAC's whole update; DQN's step; TD3's critic and actor
    steps, each alone);
 2. its settings class in ``rl_app/config/algorithms.py`` and its field of ``RunConfig``
@@ -23,6 +24,7 @@ env's actions, recurrence and goals fit the algorithm come from the declarations
 from __future__ import annotations
 
 import abc
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ClassVar
@@ -114,10 +116,24 @@ class Algorithm(abc.ABC):
             keys.append(("next", LIFE_LOST))
         return keys
 
-    @abc.abstractmethod
+    def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
+        """What every algorithm keeps of the config and the env: what :meth:`make_policy`
+        reads, and the acting policy on ``device``. An algorithm's own ``__init__`` calls
+        this first, then builds its networks and loss."""
+        self._config = config
+        self._observation_dim = observation_dim(env)
+        self._goal_dim = goal_dim(env)
+        self._action_spec = env.action_spec_unbatched.clone().cpu()
+        self.device = device
+        self.relabels_goals = config.replay.her_ratio > 0
+        self.policy = self.policy_factory()().to(device)
+
     def policy_factory(self) -> Callable[..., TensorDictModuleBase]:
         """A picklable factory for a fresh copy of ``policy``, for evaluation and for
         collector worker processes. Weights are loaded into the copy separately."""
+        return functools.partial(
+            self.make_policy, self._config, self._observation_dim, self._goal_dim, self._action_spec
+        )
 
     def check_device(self, batch: TensorDictBase) -> None:
         """Raise :class:`LearnerDeviceError` naming each tensor an update on ``batch`` would

@@ -11,8 +11,6 @@ buffer stores once (:mod:`rl_app.replay.frames`)."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,12 +35,10 @@ from torchrl.objectives import DQNLoss, HardUpdate
 from rl_app.algorithms.base import (
     Algorithm,
     accelerate,
-    goal_dim,
     make_adam,
     make_value_estimator,
     mask_padded_steps,
     network_inputs,
-    observation_dim,
 )
 from rl_app.config import Config, ConfigError, DQNConfig, NetworkConfig
 from rl_app.envs import FRAME_STACK, PIXELS_KEY, RECURRENT_STATE_KEYS, observes_frames
@@ -238,16 +234,10 @@ class DQN(Algorithm):
         )
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
-        self._observation_dim = observation_dim(env)
-        self._goal_dim = goal_dim(env)
-        self._action_spec = env.action_spec_unbatched.clone().cpu()
-        self._config = config
-        self.device = device
+        super().__init__(config, env, device)
         self._dqn = config.dqn
         self._recurrent = config.network.recurrent != "none"
-        self.relabels_goals = config.replay.her_ratio > 0
         self.ends_at_lost_lives = config.env.life_loss_terminal
-        self.policy = self.policy_factory()().to(device)
         actor, self.exploration = self.policy[0], self.policy[1]
         self.loss = DQNLoss(
             unrolling_view(actor) if self._recurrent else actor,
@@ -273,15 +263,6 @@ class DQN(Algorithm):
 
             return frame_replay_keys(super().replay_keys())
         return super().replay_keys()
-
-    def policy_factory(self) -> Callable[..., TensorDictSequential]:
-        return functools.partial(
-            self.make_policy,
-            self._config,
-            self._observation_dim,
-            self._goal_dim,
-            self._action_spec,
-        )
 
     def update(self, batch: TensorDictBase) -> TensorDictBase:
         """Random shifts of the frames (``dqn.random_shift``), the gradient step, then on

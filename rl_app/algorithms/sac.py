@@ -5,8 +5,6 @@ that hindsight relabelling (``replay.her_ratio``) can train them on other goals.
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +19,6 @@ from torchrl.objectives import SACLoss, SoftUpdate
 from rl_app.algorithms.base import (
     Algorithm,
     accelerate,
-    goal_dim,
     make_adam,
     make_value_estimator,
     mask_padded_steps,
@@ -105,13 +102,7 @@ class SAC(Algorithm):
         return make_actor(config.network, observation_dim, goal_dim, action_spec)
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
-        self._observation_dim = env.observation_spec["observation"].shape[-1]
-        self._goal_dim = goal_dim(env)
-        self._action_spec = env.action_spec_unbatched.clone().cpu()
-        self._config = config
-        self.device = device
-        self.relabels_goals = config.replay.her_ratio > 0
-        self.policy = self.policy_factory()().to(device)
+        super().__init__(config, env, device)
         qvalue = make_qvalue(
             config.network, self._observation_dim, self._goal_dim, self._action_spec.shape[-1]
         ).to(device)
@@ -133,11 +124,6 @@ class SAC(Algorithm):
         # its own parameters (SACLoss detaches the others), so the summed loss is exact.
         self.optimizer = make_adam(self.loss.parameters(), config.optim)
         self.update = accelerate(self.update, config.optim, self.check_device, self.loss)
-
-    def policy_factory(self) -> Callable[..., ProbabilisticActor]:
-        return functools.partial(
-            self.make_policy, self._config, self._observation_dim, self._goal_dim, self._action_spec
-        )
 
     def update(self, batch: TensorDictBase) -> TensorDictBase:
         """The losses of actor, critics and temperature, one backward pass, one optimizer

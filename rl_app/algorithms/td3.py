@@ -9,7 +9,6 @@ env the actor and the Q-networks read the desired goal with the observation, as 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +24,6 @@ from torchrl.objectives import SoftUpdate, TD3Loss
 from rl_app.algorithms.base import (
     Algorithm,
     accelerate,
-    goal_dim,
     make_adam,
     make_value_estimator,
     mask_padded_steps,
@@ -135,13 +133,7 @@ class TD3(Algorithm):
         )
 
     def __init__(self, config: Config, env: EnvBase, device: torch.device) -> None:
-        self._observation_dim = env.observation_spec["observation"].shape[-1]
-        self._goal_dim = goal_dim(env)
-        self._action_spec = env.action_spec_unbatched.clone().cpu()
-        self._config = config
-        self.device = device
-        self.relabels_goals = config.replay.her_ratio > 0
-        self.policy = self.policy_factory()().to(device)
+        super().__init__(config, env, device)
         actor = self.policy[0]
         qvalue = make_qvalue(
             config.network, self._observation_dim, self._goal_dim, self._action_spec.shape[-1]
@@ -176,11 +168,6 @@ class TD3(Algorithm):
             self.actor_step, config.optim, self.check_device, self.actor_loss
         )
         self.delayed = DelayedUpdates(config.td3.policy_delay, device)
-
-    def policy_factory(self) -> Callable[..., TensorDictSequential]:
-        return functools.partial(
-            self.make_policy, self._config, self._observation_dim, self._goal_dim, self._action_spec
-        )
 
     def update(self, batch: TensorDictBase) -> TensorDictBase:
         """A critic step on ``batch`` then, at every ``td3.policy_delay``-th (from the
