@@ -36,8 +36,8 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("-h", "--help", action="store_true", help="show this help message and exit")
     parser.add_argument(
         "--config",
-        default=DEFAULT_PRESET,
-        help=f"preset from configs/ (one of: {', '.join(available_presets())}), or a YAML file",
+        help=f"preset from configs/ (one of: {', '.join(available_presets())}), or a YAML file "
+        f"(default: {DEFAULT_PRESET}; a resumed run takes its own)",
     )
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
@@ -60,10 +60,11 @@ def help_text(parser: argparse.ArgumentParser, preset: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argument_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    # Intermixed: key=value may stand on both sides of --config.
+    args = parser.parse_intermixed_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.help:
-            print(help_text(parser, args.config), end="")
+            print(help_text(parser, args.config or DEFAULT_PRESET), end="")
             return 0
         config = load_config(args.config, args.overrides)
         if args.print_config:
@@ -72,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         if config.launcher == "slurm":
             from rl_app.launch.slurm import describe, submit
 
-            print(describe(submit(args.config, args.overrides, config)))
+            print(describe(submit(args.config or DEFAULT_PRESET, args.overrides, config)))
             return 0
         return train_here(config)
     except ConfigError as error:

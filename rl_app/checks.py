@@ -21,16 +21,17 @@ from rl_app.algorithms import (
     check_settings,
     describe_algorithms,
 )
-from rl_app.config import DEFAULT_PRESET, Config, ConfigError, check_declared
+from rl_app.config import Config, ConfigError, check_declared
 from rl_app.envs import checks as env_checks
 from rl_app.envs import observes_frames
 from rl_app.replay import checks as replay_checks
 
 
-def load_config(preset: str = DEFAULT_PRESET, overrides: list[str] | None = None) -> Config:
-    """Merge defaults, a preset and ``key=value`` overrides into a :class:`Config` that
-    every owner accepts (:func:`rl_app.config.resolve_config`, then :func:`check_config`);
-    every mistake raises :class:`ConfigError`."""
+def load_config(preset: str | None = None, overrides: list[str] | None = None) -> Config:
+    """Merge defaults, a preset (None: the default one, or a resumed run's own) and
+    ``key=value`` overrides into a :class:`Config` that every owner accepts
+    (:func:`rl_app.config.resolve_config`, then :func:`check_config`); every mistake raises
+    :class:`ConfigError`."""
     config = loading.resolve_config(preset, overrides or [])
     check_config(config)
     return config
@@ -72,7 +73,7 @@ def check_config(config: Config) -> None:
 
         check_atari(config)
     replay_checks.check_life_loss(config)
-    replay_checks.check_slices(config, env_checks.max_episode_steps(config.env.name))
+    replay_checks.check_slices(config, env_checks.max_episode_steps(config.env))
     check_video(config)
     check_background_evaluation(config)
 

@@ -26,9 +26,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+import yaml
 from omegaconf import OmegaConf
 
-from rl_app.config import RunConfig, flatten
+from rl_app.config import ConfigError, RunConfig, flatten
 from rl_app.logger import (
     EVAL_KEY,
     METRICS_FILE,
@@ -37,6 +38,7 @@ from rl_app.logger import (
     read_metrics,
 )
 from rl_app.rundir import CONFIG_FILE
+from rl_app.runlock import make_writable_directory
 
 # Keys that do not make two runs different experiments.
 BOOKKEEPING_KEYS = ("seed", "run_dir", "launcher", "threads")
@@ -100,10 +102,19 @@ def read_run(path: Path) -> RunRecord:
     """A run's settings and metrics; :class:`UnreadableRun` says what is missing."""
     if not (path / CONFIG_FILE).is_file():
         raise UnreadableRun(f"{path}: no {CONFIG_FILE}")
-    rows = read_metrics(path)
+    try:
+        rows = read_metrics(path)
+    except ValueError as error:  # a line cut short, or not JSON
+        raise UnreadableRun(f"{path}: {METRICS_FILE} cannot be read: {error}") from None
     if not any(EVAL_KEY in row for row in rows):
         raise UnreadableRun(f"{path}: no evaluation in {METRICS_FILE}")
-    config = OmegaConf.to_container(OmegaConf.load(path / CONFIG_FILE))
+    try:
+        config = OmegaConf.to_container(OmegaConf.load(path / CONFIG_FILE))
+    except (OSError, ValueError, yaml.YAMLError) as error:
+        first_line = str(error).splitlines()[0]
+        raise UnreadableRun(f"{path}: {CONFIG_FILE} cannot be read: {first_line}") from None
+    if not isinstance(config, dict) or not config:
+        raise UnreadableRun(f"{path}: {CONFIG_FILE} holds no settings")
     return RunRecord(path, experiment_settings(config), rows)
 
 
@@ -241,7 +252,7 @@ def compare(paths: Sequence[Path], out: Path) -> tuple[list[GroupSummary], list[
     if not runs:
         raise UnreadableRun("no run to compare: " + "; ".join(skipped))
     summaries = [summarize_group(label, group) for label, group in group_runs(runs).items()]
-    out.mkdir(parents=True, exist_ok=True)
+    make_writable_directory(out, "--out")
     plot_comparison(summaries, out / FIGURE_FILE)
     (out / TABLE_FILE).write_text(groups_table(summaries))
     return summaries, skipped
@@ -258,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         summaries, skipped = compare(args.runs, out)
-    except UnreadableRun as error:
+    except (UnreadableRun, ConfigError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     for why in skipped:

@@ -31,11 +31,12 @@ from rl_app.checkpointing import (
     load_component,
     recorded_best,
 )
-from rl_app.config import Config, ConfigError, read_run_config
+from rl_app.config import MAX_SEED, Config, ConfigError, read_run_config
 from rl_app.envs import make_env
 from rl_app.evaluation import evaluation_env, play_episodes
 from rl_app.rendering import RENDER_MODE, render_problem
 from rl_app.rundir import CHECKPOINTS_DIR, CONFIG_FILE
+from rl_app.runlock import make_writable_directory
 from rl_app.video import episode_horizon, render_fps, write_play_video
 
 
@@ -53,8 +54,10 @@ class PlayResult:
 
 
 def run_config(run_dir: Path) -> Config:
-    if not run_dir.is_dir():
+    if not run_dir.exists():
         raise PlayError(f"run directory {str(run_dir)!r} does not exist")
+    if not run_dir.is_dir():
+        raise PlayError(f"{str(run_dir)!r} is a file: give a run directory")
     if not (run_dir / CONFIG_FILE).is_file():
         raise PlayError(f"{str(run_dir)!r} is not a run directory: it has no {CONFIG_FILE}")
     try:
@@ -72,7 +75,15 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str) -> Path:
     if checkpoint == "best":
         best = recorded_best(directory)
         if best is None:
-            raise PlayError(f"{str(run_dir)!r} names no best checkpoint ({BEST_INDEX} missing)")
+            raise PlayError(
+                f"{str(run_dir)!r} names no best checkpoint ({directory / BEST_INDEX} is "
+                "missing or unreadable): play --checkpoint last"
+            )
+        if not Checkpoint.is_checkpoint(best):
+            raise PlayError(
+                f"the best checkpoint {directory / BEST_INDEX} names, {best.name}, is missing "
+                "or damaged: play --checkpoint last"
+            )
         return best
     if checkpoint == "last":
         try:
@@ -124,10 +135,17 @@ def play(
     episodes = config.eval.episodes if episodes is None else episodes
     if episodes < 1:
         raise PlayError(f"--episodes {episodes} is out of range: it must be > 0")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise PlayError(f"--seed {seed} is out of range: it must be in [0, {MAX_SEED}]")
     if video is not None:
         check_video_target(video, config.env.name)
     path = resolve_checkpoint(run_dir, checkpoint)
     policy = load_policy(run_dir, str(path))
+    if video is not None:
+        try:
+            make_writable_directory(video.parent, "--video's folder")
+        except ConfigError as error:
+            raise PlayError(str(error)) from None
     returns = play_episodes(config, policy, episodes, seed).returns
     written, note = None, None
     if video is not None:
@@ -154,6 +172,8 @@ def check_video_target(video: Path, env_name: str) -> None:
         raise PlayError(
             f"--video {str(video)!r} is not accepted: give a path ending in .mp4 or .gif"
         )
+    if video.is_dir():
+        raise PlayError(f"--video {str(video)!r} is a directory: give a file's path")
     problem = render_problem(env_name)
     if problem is not None:
         raise PlayError(f"--video cannot work here: {problem}")

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from rl_app.config import ConfigError
+from rl_app.config import ConfigError, file_in_the_way
 from rl_app.rundir import HOLDER_FILE, LOCK_FILE
 
 # What flock(2) fails with where the file system has no flock locks: no flock at all, none
@@ -77,6 +78,22 @@ def removed_if_refused(directories: list[Path]) -> Iterator[None]:
         for directory in created:
             shutil.rmtree(directory, ignore_errors=True)
         raise
+
+
+def make_writable_directory(directory: Path, key: str) -> None:
+    """Make ``directory`` (its parents too) and write a file in it, or raise
+    :class:`ConfigError` naming ``key`` (the setting or option that gave it) and why, leaving
+    nothing made: for what a tool writes its results into, before it writes them."""
+    if (blocking := file_in_the_way(directory)) is not None:
+        raise ConfigError(f"{key} {str(directory)!r} cannot be made: {str(blocking)!r} is a file")
+    with removed_if_refused([directory]):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=directory).close()
+        except OSError as error:
+            raise ConfigError(
+                f"{key} {str(directory)!r} cannot be written: {error.strerror}"
+            ) from None
 
 
 def acquire(run_dir: Path, wait_s: float) -> FileLock:

@@ -165,3 +165,32 @@ def test_a_run_directory_that_does_not_exist_is_refused_before_any_work(
     printed = capsys.readouterr()
     assert printed.out == "" and printed.err == "error: no such run directory: runs/typo, b\n"
     assert [path.name for path in tmp_path.iterdir()] == ["a"]  # no runs/compare-*
+
+
+def test_damaged_runs_are_named_and_skipped_and_an_out_that_cannot_be_made_is_refused(
+    two_settings: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    torn, not_yaml, empty = two_settings[:3]
+    metrics = (torn / "metrics.jsonl").read_text()
+    (torn / "metrics.jsonl").write_text(metrics[: len(metrics) - 5])  # a line cut short
+    (not_yaml / "config.yaml").write_text("optim: [lr\n")
+    (empty / "config.yaml").write_text("")
+    assert compare_main([*map(str, two_settings), "--out", str(tmp_path / "out")]) == 0
+    printed = capsys.readouterr()
+    assert "Traceback" not in printed.err
+    skipped = printed.err.splitlines()
+    assert skipped[0].startswith(f"skipped {torn}: metrics.jsonl cannot be read: Expecting")
+    assert skipped[1:] == [
+        f"skipped {not_yaml}: config.yaml cannot be read: while parsing a flow sequence",
+        f"skipped {empty}: config.yaml holds no settings",
+    ]
+    assert "| 3 |" in printed.out  # the other three seeds, one group
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for out in (a_file, a_file / "out"):
+        assert compare_main([str(two_settings[3]), "--out", str(out)]) == 2
+        printed = capsys.readouterr()
+        assert printed.out == ""
+        assert (
+            printed.err == f"error: --out {str(out)!r} cannot be made: {str(a_file)!r} is a file\n"
+        )

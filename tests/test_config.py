@@ -16,7 +16,8 @@ import yaml
 
 from rl_app.algorithms import ALGORITHMS, algorithm_class, available_algorithms
 from rl_app.checks import load_config
-from rl_app.config import DQNConfig, RunConfig, SACConfig, TD3Config
+from rl_app.config import Config, DQNConfig, RunConfig, SACConfig, TD3Config
+from rl_app.run import train
 from tests.helpers import PYTHON, ROOT, refusal, run_train
 
 
@@ -27,6 +28,12 @@ from tests.helpers import PYTHON, ROOT, refusal, run_train
         (["optim.lr=fast"], "optim.lr"),
         (["optim.lr=-1e-3"], "optim.lr"),
         (["replay.slice_len=500"], "replay.slice_len"),
+        # The override's limit, not Pendulum's 200 steps.
+        (["env.max_episode_steps=4"], "at most 4 steps (env.max_episode_steps)"),
+        (["run_dir="], "run_dir is empty: give a directory"),
+        (["run_dir=/dev/null/run"], "run_dir='/dev/null/run' cannot be made: '/dev/null' is"),
+        (["algo=dqn", "env.name=FrozenLake-v1"], "observes Discrete(16): the networks read a Box"),
+        (["algo=dqn", "env.name=Blackjack-v1"], "'Blackjack-v1' observes Tuple("),
         (["env.name=NoSuchEnv-v9"], "env.name"),
         (["replay.sampler=sometimes"], "replay.sampler"),
         (["collector.total_frames=0"], "collector.total_frames"),
@@ -59,6 +66,11 @@ def test_the_command_line_refuses_in_one_line_before_any_work(tmp_path: Path) ->
     # An unknown key is answered with the keys accepted.
     assert "optim.lr" in error.replace("optim.lrr", "")
     assert "optim.batch_size" in error
+
+
+def test_an_atari_game_refused_is_one_line_without_the_emulator_s_banner(tmp_path: Path) -> None:
+    error = refusal(run_train(tmp_path, "env.name=ALE/Pong-v5"), tmp_path)
+    assert "ALE/Pong-v5 has discrete actions: use algo=dqn" in error
 
 
 def test_out_of_range_message_says_what_is_accepted(refused: Callable[..., str]) -> None:
@@ -103,6 +115,39 @@ def test_print_config_resolves_preset_and_overrides(
     assert printed["env"]["name"] == "Pendulum-v1"
     assert printed["run_dir"].startswith("runs/default-")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_overrides_may_stand_on_both_sides_of_config(
+    command: Callable[..., subprocess.CompletedProcess],
+) -> None:
+    result = command("optim.lr=1e-3", "--config", "td3_pendulum", "seed=1", "--print-config")
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert (printed["algo"], printed["optim"]["lr"], printed["seed"]) == ("td3", 1e-3, 1)
+
+
+def test_a_resumed_run_refuses_a_config_of_another_algorithm_or_env(
+    tiny_config: Callable[..., Config],
+    command: Callable[..., subprocess.CompletedProcess],
+    capsys: pytest.CaptureFixture,
+) -> None:
+    config = tiny_config("collector.total_frames=400")
+    train(config)
+    capsys.readouterr()  # its progress
+    run_dir = f"run_dir={config.run_dir}"
+    for preset, named in (
+        ("dqn_cartpole", "--config dqn_cartpole trains algo='dqn', but run_dir="),
+        ("td3_pendulum", "holds a run of algo='sac': leave --config out to resume that run"),
+        ("no_such_preset", "unknown preset 'no_such_preset'"),
+    ):
+        result = command("--config", preset, run_dir, "--print-config")
+        assert result.returncode == 2 and result.stdout == "", result.stderr
+        assert len(result.stderr.splitlines()) == 1 and named in result.stderr
+    # Its own preset, and no --config at all, resume it; so does another algorithm named.
+    for args in (["--config", "default"], [], ["--config", "td3_pendulum", "algo=sac"]):
+        result = command(*args, run_dir, "--print-config")
+        assert result.returncode == 0, result.stderr
+        assert yaml.safe_load(result.stdout)["collector"]["total_frames"] == 400
 
 
 def test_every_preset_validates() -> None:

@@ -274,11 +274,29 @@ def test_bad_input_exits_2_with_one_line(
     no_checkpoint = tmp_path / "fresh"
     no_checkpoint.mkdir()
     (no_checkpoint / "config.yaml").write_text(to_yaml(tiny_config(run_dir=no_checkpoint)))
+    a_file, a_folder = tmp_path / "a-file", tmp_path / "a-folder.gif"
+    a_file.write_text("")
+    a_folder.mkdir()
+    best_unreadable, best_removed = tmp_path / "best-unreadable", tmp_path / "best-removed"
+    empty_config = tmp_path / "empty-config"
+    for copy in (best_unreadable, best_removed, empty_config):
+        shutil.copytree(dqn_run, copy)
+    (empty_config / "config.yaml").write_text("")
+    (best_unreadable / "checkpoints" / BEST_INDEX).write_text("{not json")
+    shutil.rmtree(recorded_best(best_removed / "checkpoints"))
     cases = {
         (str(tmp_path / "missing"),): "does not exist",
+        (str(a_file),): "is a file: give a run directory",
         (str(no_checkpoint),): "holds no checkpoint",
+        (str(empty_config),): "config.yaml: holds no settings",
         (str(dqn_run), "--checkpoint", "checkpoint-nope"): "--checkpoint 'checkpoint-nope'",
+        (str(best_unreadable),): "is missing or unreadable): play --checkpoint last",
+        (str(best_removed),): "is missing or damaged: play --checkpoint last",
         (str(dqn_run), "--episodes", "0"): "--episodes 0 is out of range",
+        (str(dqn_run), "--seed", "-5"): "--seed -5 is out of range: it must be in [0, ",
+        (str(dqn_run), "--seed", str(2**32)): f"--seed {2**32} is out of range",
+        (str(dqn_run), "--video", str(a_folder)): "is a directory: give a file's path",
+        (str(dqn_run), "--video", str(a_file / "x.gif")): f"cannot be made: '{a_file}' is a file",
     }
     for args, message in cases.items():  # through the command line's main, in this process
         assert main(list(args)) == 2, args

@@ -56,6 +56,7 @@ def write_sweep(tmp_path: Path, **changes: Any) -> Path:
         ({"trials": 0}, "trials=0 is out of range"),
         ({"pruner": "mean"}, "pruner='mean' is not accepted: choose one of none, median"),
         ({"space": None}, "space is missing"),
+        ({"space": ["optim.lr"]}, "space=['optim.lr'] is not accepted: give one or more keys"),
         ({"space": {"optim.foo": {"low": 1, "high": 2}}}, "unknown key 'optim.foo'"),
         ({"space": {"run_dir": {"choices": ["a", "b"]}}}, "unknown key 'run_dir'"),
         ({"space": {"optim.lr": {"low": 1e-3, "high": 1e-4}}}, "must be below high"),
@@ -95,8 +96,20 @@ def test_a_sweep_dir_continues_only_its_own_sweep(tmp_path: Path) -> None:
     (sweep.dir / "sweep.yaml").write_text(write_sweep(tmp_path, trials=5).read_text())
     # Budget and workers may change, and where they run.
     load_sweep(write_sweep(tmp_path, trials=7, jobs=2, launcher="slurm", slurm={"time_min": 30}))
-    with pytest.raises(ValueError, match="holds another sweep"):
-        load_sweep(write_sweep(tmp_path, space={"optim.lr": {"low": 1e-4, "high": 1e-2}}))
+    with pytest.raises(ValueError, match=r"holds another sweep .*; space.optim.lr differs\)"):
+        load_sweep(write_sweep(tmp_path, space={**SPACE, "optim.lr": {"low": 1e-4, "high": 1e-2}}))
+    with pytest.raises(ValueError, match=r"; preset differs\)"):
+        load_sweep(write_sweep(tmp_path, preset="rdqn_cartpole_masked"))
+
+
+def test_a_sweep_dir_that_is_a_file_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    assert main([str(write_sweep(tmp_path, sweep_dir=str(a_file)))]) == 2
+    error = capsys.readouterr().err
+    assert error == f"error: sweep_dir={str(a_file)!r} is a file: give a directory\n"
 
 
 def test_a_stop_asked_after_an_evaluation_stops_at_that_boundary_with_a_checkpoint(

@@ -71,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", default="last", help="last | best | a checkpoint path")
     parser.add_argument("--steps", type=int, default=300, help="random-play observations")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps} is out of range: it must be > 0")
     torch.manual_seed(0)
     try:
         policy = load_policy(args.run_dir, args.checkpoint)

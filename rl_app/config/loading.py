@@ -28,22 +28,30 @@ DEFAULT_PRESET = "default"
 HOLDS_PREFIX = "# Holds at full size: "
 
 
-def resolve_config(preset: str, overrides: list[str]) -> RunConfig:
+def resolve_config(preset: str | None, overrides: list[str]) -> RunConfig:
     """Merge the schema's defaults, a preset and ``key=value`` overrides into a
     :class:`RunConfig` whose every value is one its setting accepts (how the values fit one
     another, the env and the machine is checked by :func:`rl_app.checks.load_config`).
 
-    ``preset`` names a file in ``configs/`` or is the path of a YAML file. When ``run_dir``
-    names a run that holds a checkpoint, the config saved in that run replaces the preset
-    (the run resumes), and only keys declared ``on_resume`` may be overridden. Every
+    ``preset`` names a file in ``configs/`` or is the path of a YAML file (None: the default
+    preset). When ``run_dir`` names a run that holds a checkpoint, the config saved in that
+    run replaces the preset (the run resumes), and only keys declared ``on_resume`` may be
+    overridden; a preset given then must train the run's algorithm on its env. Every
     mistake raises :class:`ConfigError` naming the file (and line) or the key."""
     given = conform(parse_overrides(overrides), RunConfig, "")
+    if "run_dir" in given and not given["run_dir"]:
+        raise ConfigError(
+            "run_dir is empty: give a directory, or leave run_dir out for runs/<preset>-<time>"
+        )
     run_dir = given.get("run_dir")
     if run_dir is not None and holds_checkpoint(Path(run_dir)):
         saved = read_run_config(Path(run_dir))
+        if preset is not None:
+            refuse_another_preset(preset, given, saved)
         config = build(RunConfig, merge(dataclasses.asdict(saved), given))
         refuse_experiment_changes(saved, config)
     else:
+        preset = preset or DEFAULT_PRESET
         preset_tree = conform(read_yaml(preset_file(preset)), RunConfig, "")
         config = build(RunConfig, merge(preset_tree, given))
     tree = dataclasses.asdict(config)
@@ -177,7 +185,10 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
 
 def read_run_config(run_dir: Path) -> RunConfig:
     """The config a run saved in its directory (reads only; its values were checked then)."""
-    return build(RunConfig, conform(read_yaml(run_dir / CONFIG_FILE), RunConfig, ""))
+    tree = read_yaml(run_dir / CONFIG_FILE)
+    if not tree:  # a run saves every setting: an empty file is damaged
+        raise ConfigError(f"{run_dir / CONFIG_FILE}: holds no settings")
+    return build(RunConfig, conform(tree, RunConfig, ""))
 
 
 def holds_checkpoint(run_dir: Path) -> bool:
@@ -191,6 +202,8 @@ def check_run_dir(run_dir: Path) -> None:
     """A run directory is new, empty, or a run (resumed, or restarted if it never saved)."""
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"run_dir={str(run_dir)!r} is a file: give a directory")
+    if (blocking := file_in_the_way(run_dir)) is not None:
+        raise ConfigError(f"run_dir={str(run_dir)!r} cannot be made: {str(blocking)!r} is a file")
     if not run_dir.is_dir():
         return
     # Lock files alone are left by a run killed before it wrote its config.
@@ -200,6 +213,32 @@ def check_run_dir(run_dir: Path) -> None:
             f"run_dir={str(run_dir)!r} holds other files and is not a run directory: "
             "give a new or empty directory, or an earlier run's directory to resume it"
         )
+
+
+def file_in_the_way(directory: Path) -> Path | None:
+    """The file that stands where ``directory`` or one of its parents would be made, or
+    None."""
+    existing = directory
+    while not existing.exists():
+        existing = existing.parent
+    return None if existing.is_dir() else existing
+
+
+def refuse_another_preset(preset: str, given: dict[str, Any], saved: RunConfig) -> None:
+    """A run resumed with ``--config`` given: the preset, with the overrides given, must
+    train the algorithm and the env the run was started with (its other values are the
+    run's own, saved in it)."""
+    named = build(RunConfig, merge(conform(read_yaml(preset_file(preset)), RunConfig, ""), given))
+    for key, ours, theirs in (
+        ("algo", named.algo, saved.algo),
+        ("env.name", named.env.name, saved.env.name),
+    ):
+        if ours != theirs:
+            raise ConfigError(
+                f"--config {preset} trains {key}={ours!r}, but run_dir={str(given['run_dir'])!r} "
+                f"holds a run of {key}={theirs!r}: leave --config out to resume that run (it "
+                "resumes from its own config.yaml), or give another run_dir"
+            )
 
 
 def refuse_experiment_changes(saved: RunConfig, resumed: RunConfig) -> None:

@@ -18,6 +18,8 @@ from rl_app.config.settings import setting
 SEGMENT_TREE_MAX_SIZE = 2**59 - 1
 # torch.set_num_threads takes a C int.
 C_INT_MAX = 2**31 - 1
+# NumPy's and Gymnasium's seeds are unsigned 32-bit integers.
+MAX_SEED = 2**32 - 1
 
 DEVICE_DOC = "auto | cpu | cuda | cuda:N"
 
@@ -350,7 +352,7 @@ class RunConfig:
     )  # fmt: skip
     # The names accepted are the algorithm registry's (rl_app.algorithms.ALGORITHMS).
     algo: str = setting("sac", "the algorithm, and the key of its own group of settings")
-    seed: int = setting(0, "seed of every random number generator", at_least=0, at_most=2**32 - 1)
+    seed: int = setting(0, "seed of every random number generator", at_least=0, at_most=MAX_SEED)
     device: str = setting("auto", f"learner device: {DEVICE_DOC}")
     threads: int = setting(
         1, "torch intra-op threads (one is fastest on small machines)", at_least=1,

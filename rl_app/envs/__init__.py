@@ -101,6 +101,8 @@ def is_registered(env_id: str) -> bool:
         import ale_py
 
         gym.register_envs(ale_py)
+        # Its banner would stand before a refusal's one line; its errors still print.
+        ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
     return env_id in gym.envs.registry
 
 

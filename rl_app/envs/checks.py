@@ -46,6 +46,11 @@ def check_spaces(env: EnvConfig) -> str:
     actions = "discrete" if isinstance(probe.action_space, gym.spaces.Discrete) else "continuous"
     observation_space = probe.observation_space
     probe.close()
+    if not isinstance(observation_space, (gym.spaces.Box, gym.spaces.Dict)):
+        raise ConfigError(
+            f"env.name={env_name!r} observes {observation_space}: the networks read a Box "
+            "observation (a vector, or frames) or a goal env's Dict of them"
+        )
     if env.observation_indices is not None:
         if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
             raise ConfigError(
@@ -91,6 +96,8 @@ def goal_env_problem(env_name: str) -> str | None:
     return None
 
 
-def max_episode_steps(env_name: str) -> int | None:
-    """The env's own limit on an episode's steps (None: none), from its registration."""
-    return gym.spec(env_name.split(":")[-1]).max_episode_steps
+def max_episode_steps(env: EnvConfig) -> int | None:
+    """The most steps an episode lasts (None: no limit): the env's own limit, from its
+    registration, or ``env.max_episode_steps`` where that is shorter."""
+    limits = (gym.spec(env.name.split(":")[-1]).max_episode_steps, env.max_episode_steps)
+    return min((limit for limit in limits if limit is not None), default=None)

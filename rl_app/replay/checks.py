@@ -136,9 +136,10 @@ def check_slices(config: Config, episode_len: int | None) -> None:
     window = replay.burn_in + replay.slice_len
     if episode_len is not None and window > episode_len:
         keys = "replay.burn_in + replay.slice_len" if replay.burn_in else "replay.slice_len"
+        by = " (env.max_episode_steps)" if config.env.max_episode_steps == episode_len else ""
         raise ConfigError(
             f"{keys}={window} is out of range: {config.env.name} episodes last at most "
-            f"{episode_len} steps"
+            f"{episode_len} steps{by}"
         )
     if config.optim.batch_size % replay.slice_len and config.optim.target != NSTEP_TRANSITION:
         raise ConfigError(

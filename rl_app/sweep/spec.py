@@ -20,6 +20,7 @@ from optuna.distributions import (
 from rl_app.checks import load_config
 from rl_app.config import (
     DEFAULT_PRESET,
+    MAX_SEED,
     Config,
     ConfigError,
     RunConfig,
@@ -58,7 +59,7 @@ class SweepSettings:
     )  # fmt: skip
     trials: int = setting(20, "trials run to their end (complete, pruned or failed)", at_least=1)
     jobs: int = setting(1, "worker processes, each training one trial at a time", at_least=1)
-    seed: int = setting(0, "seed of the TPE sampler", at_least=0, at_most=2**32 - 1)
+    seed: int = setting(0, "seed of the TPE sampler", at_least=0, at_most=MAX_SEED)
     pruner: str = setting(
         "none",
         "none | median: stop a trial whose evaluation return is below the median of earlier "
@@ -124,6 +125,8 @@ def load_sweep(path: Path) -> Sweep:
     settings = read_settings(tree)
     if settings.sweep_dir is None:
         settings.sweep_dir = f"runs/sweep-{path.stem}"
+    if Path(settings.sweep_dir).exists() and not Path(settings.sweep_dir).is_dir():
+        raise ConfigError(f"sweep_dir={settings.sweep_dir!r} is a file: give a directory")
     sweep = Sweep(settings, read_overrides(tree.get("overrides", [])),
                   read_space(tree.get("space")))  # fmt: skip
     check_trial_configs(sweep)
@@ -162,8 +165,9 @@ def read_overrides(overrides: Any) -> list[str]:
 def read_space(space: Any) -> dict[str, BaseDistribution]:
     """``space:`` as Optuna distributions, each checked against its setting's type and range."""
     if not isinstance(space, dict) or not space:
+        given = " is missing" if space is None else f"={space!r} is not accepted"
         raise ConfigError(
-            "space is missing: give one or more keys to search, e.g. "
+            f"space{given}: give one or more keys to search, e.g. "
             "space: {optim.lr: {low: 1.0e-4, high: 1.0e-3, log: true}}"
         )
     schema = {key: (item, declared) for key, item, declared in settings_of(RunConfig)}
@@ -277,12 +281,30 @@ def refuse_other_sweep(sweep: Sweep) -> None:
     """A sweep directory continues the sweep it was started with; only ``trials``,
     ``jobs``, ``launcher`` and ``slurm`` may change."""
     saved = sweep.dir / SWEEP_FILE
-    if saved.is_file() and saved_definition(saved) != sweep.definition():
+    if not saved.is_file():
+        return
+    before, after = (
+        flatten_definition(saved_definition(saved)),
+        flatten_definition(sweep.definition()),
+    )
+    changed = sorted(
+        key for key in before.keys() | after.keys() if before.get(key) != after.get(key)
+    )
+    if changed:
         raise ConfigError(
-            f"sweep_dir={str(sweep.dir)!r} holds another sweep ({saved}): only trials, jobs, "
-            "launcher and slurm may change when continuing it; give another sweep_dir for a "
-            "new one"
+            f"sweep_dir={str(sweep.dir)!r} holds another sweep ({saved}; {changed[0]} "
+            "differs): only trials, jobs, launcher and slurm may change when continuing it; "
+            "give another sweep_dir for a new one"
         )
+
+
+def flatten_definition(definition: dict[str, Any]) -> dict[str, Any]:
+    """A sweep's definition key by key: its settings, ``overrides`` and ``space.<key>``."""
+    return {
+        **dataclasses.asdict(definition["settings"]),
+        "overrides": definition["overrides"],
+        **{f"space.{key}": value for key, value in definition["space"].items()},
+    }
 
 
 def saved_definition(saved: Path) -> dict[str, Any]:
