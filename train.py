@@ -96,6 +96,9 @@ def train_here(config: Config) -> int:
     except RunFailed as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # a second Ctrl-C (what it lost is said), or one before the loop
+        print(f"stopped by Ctrl-C; resume with: python train.py run_dir={config.run_dir}")
+        return 130
     print(f"run directory: {result.run_dir}")
     if math.isnan(result.last_eval_return):  # stopped before its first evaluation
         print("no evaluation yet")

@@ -44,6 +44,8 @@ from rl_app.replay.journal import Journal
 from rl_app.upstream.torchrl import add_checkpoint_metadata
 
 CHECKSUM_FILE = "SHA256SUMS.json"
+# The free disk a save asks for, as a multiple of the last checkpoint's size.
+SAVE_MARGIN = 1.1
 # The acting policy's own component, so that playing a run reads nothing else.
 POLICY_COMPONENT = "policy"
 # Inside the checkpoints directory: which checkpoint is the best (rewritten after every
@@ -158,11 +160,12 @@ class RunCheckpoints:
         latest = self.latest()
         needed = disk_size(latest) if latest is not None else 0
         free = shutil.disk_usage(self.rotation.directory).free
-        if needed * 1.1 > free:
+        if needed * SAVE_MARGIN > free:
             raise OSError(
                 errno.ENOSPC,
-                f"No space left on device: a checkpoint needs about {needed / 1e6:.1f} MB "
-                f"and {free / 1e6:.1f} MB are free in {self.rotation.directory}",
+                f"No space left on device: a checkpoint needs about {needed / 1e6:.1f} MB, "
+                f"{SAVE_MARGIN}x that is asked for, and {free / 1e6:.1f} MB are free in "
+                f"{self.rotation.directory}",
             )
         if self.journal is not None:
             self.journal.start(frames)

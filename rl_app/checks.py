@@ -76,6 +76,23 @@ def check_config(config: Config) -> None:
     replay_checks.check_slices(config, env_checks.max_episode_steps(config.env))
     check_video(config)
     check_background_evaluation(config)
+    check_wandb_project(config)
+
+
+def check_wandb_project(config: Config) -> None:
+    """A project name wandb accepts, by wandb's own rule (which it applies only at the
+    first metrics row it is sent)."""
+    if config.logger.backend != "wandb":
+        return
+    import wandb
+
+    try:
+        wandb.Settings(project=config.logger.project)
+    except wandb.errors.UsageError as error:
+        reason = str(error).splitlines()[0].partition(": ")[2]
+        raise ConfigError(
+            f"logger.project={config.logger.project!r} is not accepted by wandb: {reason}"
+        ) from None
 
 
 def check_device(key: str, device: str, allow_auto: bool) -> None:

@@ -26,14 +26,13 @@ import torch
 from torchrl.envs import EnvBase
 
 from rl_app.algorithms import make_algorithm
+from rl_app.checkpointing import SAVE_MARGIN
 from rl_app.config import Config, ConfigError
 from rl_app.envs import make_env
 from rl_app.replay import stored_transition
 from rl_app.rundir import CHECKPOINTS_DIR, JOURNAL_DIR, REPLAY_DIR
 from rl_app.upstream.torchrl import GENERATION_BYTES, TREE_LEAF_BYTES, TREE_VALUE_BYTES
 
-# RunCheckpoints.save asks for 1.1x a checkpoint of free disk before writing one.
-SAVE_MARGIN = 1.1
 # cgroup v2 and v1 memory controllers: where they are mounted, their limit and usage files.
 CGROUP_MEMORY = {
     "": ("/sys/fs/cgroup", "memory.max", "memory.current"),

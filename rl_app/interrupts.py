@@ -47,6 +47,7 @@ class StopRequest:
         self._allowing = False
         self._saving = False
         self._stop_after_save = False
+        self._stopped_at_once = False  # a second Ctrl-C raised KeyboardInterrupt
         self._abandon = False  # a stop came since the abandonable work in progress began
 
     @property
@@ -59,9 +60,16 @@ class StopRequest:
 
     @contextmanager
     def installed(self) -> Iterator[StopRequest]:
+        """The handlers, for the ``with`` block. A second Ctrl-C's KeyboardInterrupt comes
+        out of it as one, even where the library code it landed in turned it into another
+        error (tensordict has been seen to)."""
         previous = {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
         try:
             yield self
+        except Exception as error:
+            if self._stopped_at_once:
+                raise KeyboardInterrupt from error
+            raise
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
@@ -118,6 +126,7 @@ class StopRequest:
                 say("second Ctrl-C: stopping once the checkpoint is saved")
                 return
             say(f"second Ctrl-C: stopping now; lost: {self.unsaved()}")
+            self._stopped_at_once = True
             raise KeyboardInterrupt
         if not self.requested:
             say(

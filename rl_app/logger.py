@@ -141,7 +141,10 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / METRICS_FILE
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text().splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):  # a row cut short: its process was killed
+        lines.pop()
+    return [json.loads(line) for line in lines if line.strip()]
 
 
 def label_eval_axes(axes: Any) -> None:

@@ -14,8 +14,10 @@ import numpy as np
 from torchrl.render.video import encode_video
 
 RENDER_MODE = "rgb_array"  # frames as arrays: no display needed
-# pygame (classic-control rendering) would otherwise look for a display and complain.
+# pygame (classic-control rendering) would otherwise look for a display and a sound card
+# and complain.
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 
 
 def render_problem(env_name: str) -> str | None:

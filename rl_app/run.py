@@ -292,8 +292,13 @@ def find_resume_point(run_dir: Path) -> Path:
 
 
 def describe_failure(run: Run, error: Exception) -> str:
-    """One paragraph for the user; the traceback goes to ``error.log`` in the run directory."""
-    (run.run_dir / ERROR_LOG).write_text(traceback.format_exc())
+    """One paragraph for the user; the traceback goes to ``error.log`` in the run directory,
+    or where that cannot be written (a full disk), the paragraph says why."""
+    try:
+        (run.run_dir / ERROR_LOG).write_text(traceback.format_exc())
+        kept = f"traceback in {run.run_dir / ERROR_LOG}"
+    except OSError as write_error:
+        kept = f"its traceback could not be written to {ERROR_LOG} ({write_error.strerror})"
     latest = run.checkpoints.latest()
     # An evaluation's fault: the training was saved when it was due, the evaluation owed.
     owed = (
@@ -308,6 +313,5 @@ def describe_failure(run: Run, error: Exception) -> str:
         f"({run.progress.frames} frames): "
         f"{type(error).__name__}: {error}\n"
         f"last good checkpoint: {latest}"
-        f"{' (the evaluation runs first when it resumes)' if owed else ''}; "
-        f"traceback in {run.run_dir / ERROR_LOG}"
+        f"{' (the evaluation runs first when it resumes)' if owed else ''}; {kept}"
     )

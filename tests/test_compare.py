@@ -170,16 +170,16 @@ def test_a_run_directory_that_does_not_exist_is_refused_before_any_work(
 def test_damaged_runs_are_named_and_skipped_and_an_out_that_cannot_be_made_is_refused(
     two_settings: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    torn, not_yaml, empty = two_settings[:3]
-    metrics = (torn / "metrics.jsonl").read_text()
-    (torn / "metrics.jsonl").write_text(metrics[: len(metrics) - 5])  # a line cut short
+    garbled, not_yaml, empty = two_settings[:3]
+    metrics = (garbled / "metrics.jsonl").read_text()
+    (garbled / "metrics.jsonl").write_text("{not json\n" + metrics)
     (not_yaml / "config.yaml").write_text("optim: [lr\n")
     (empty / "config.yaml").write_text("")
     assert compare_main([*map(str, two_settings), "--out", str(tmp_path / "out")]) == 0
     printed = capsys.readouterr()
     assert "Traceback" not in printed.err
     skipped = printed.err.splitlines()
-    assert skipped[0].startswith(f"skipped {torn}: metrics.jsonl cannot be read: Expecting")
+    assert skipped[0].startswith(f"skipped {garbled}: metrics.jsonl cannot be read: Expecting")
     assert skipped[1:] == [
         f"skipped {not_yaml}: config.yaml cannot be read: while parsing a flow sequence",
         f"skipped {empty}: config.yaml holds no settings",

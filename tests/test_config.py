@@ -31,6 +31,8 @@ from tests.helpers import PYTHON, ROOT, refusal, run_train
         # The override's limit, not Pendulum's 200 steps.
         (["env.max_episode_steps=4"], "at most 4 steps (env.max_episode_steps)"),
         (["run_dir="], "run_dir is empty: give a directory"),
+        (["logger.backend=wandb", "logger.project=a/b"], "is not accepted by wandb: cannot"),
+        (["dqn.eps_start=0.01", "dqn.eps_end=0.5"], "it must be >= dqn.eps_end"),
         (["run_dir=/dev/null/run"], "run_dir='/dev/null/run' cannot be made: '/dev/null' is"),
         (["algo=dqn", "env.name=FrozenLake-v1"], "observes Discrete(16): the networks read a Box"),
         (["algo=dqn", "env.name=Blackjack-v1"], "'Blackjack-v1' observes Tuple("),

@@ -22,7 +22,7 @@ from rl_app.checkpointing import (
     choose_checkpoint,
 )
 from rl_app.checks import load_config
-from rl_app.config import ConfigError
+from rl_app.config import ConfigError, to_yaml
 from rl_app.logger import METRICS_FILE, read_metrics
 from rl_app.loop import RunFailed, run_iterations
 from rl_app.replay.journal import restorable_from
@@ -235,6 +235,37 @@ def test_sigterm_saves_at_an_iteration_boundary_and_resumes(tmp_path: Path) -> N
     assert_frames_continuous(read_metrics(run_dir), 200, 4000)
 
 
+def test_a_second_ctrl_c_stops_at_once_with_the_resume_command_and_no_traceback(
+    tmp_path: Path,
+) -> None:
+    run_dir = tmp_path / "run"
+    process = start_training(run_dir, "collector.total_frames=1000000")
+    wait_for_checkpoints(run_dir, 1)
+    process.send_signal(signal.SIGINT)
+    stderr = ""  # the second once the first is seen: two sent at once may arrive as one
+    while "saving a checkpoint, then stopping" not in stderr:
+        line = process.stderr.readline()
+        assert line, stderr
+        stderr += line
+    process.send_signal(signal.SIGINT)
+    stdout, rest = process.communicate(timeout=120)
+    stderr += rest
+    assert process.returncode == 130, stderr
+    assert "second Ctrl-C: stopping" in stderr and "Traceback" not in stderr
+    assert f"resume with: python train.py run_dir={run_dir}" in stdout
+    choose_checkpoint(run_dir / "checkpoints")  # the last good one verifies
+
+
+def test_a_metrics_row_cut_short_by_a_kill_is_dropped_on_resume(tiny_config) -> None:
+    config = tiny_config("collector.total_frames=600", "eval.interval_frames=400")
+    train(config)
+    metrics = Path(config.run_dir) / METRICS_FILE
+    rows = metrics.read_text()
+    metrics.write_text(rows + rows.splitlines()[-1][:30])  # as a kill -9 mid-write leaves it
+    train(load_config(None, [f"run_dir={config.run_dir}", "collector.total_frames=1000"]))
+    assert_frames_continuous(read_metrics(Path(config.run_dir)), 200, 1000)
+
+
 # -- resume rules --------------------------------------------------------------------------
 
 
@@ -392,6 +423,7 @@ def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
     tmpfs(checkpoints, "size=320k")
     (run_dir / "config.yaml").write_text("")  # a run directory prepared by hand
     config = tiny_config(run_dir=run_dir)
+    (run_dir / "config.yaml").write_text(to_yaml(config))  # as train() writes it
     # Built and run past train()'s check at the start, which would refuse a run whose
     # checkpoints cannot all fit: here the disk fills during a save.
     run = build_run(config)
@@ -417,9 +449,11 @@ def test_disk_full_while_journaling_leaves_the_last_checkpoint_restorable(
     run_dir = tmp_path / "run"
     # The buffer wraps after the first checkpoint: the next 1,000 frames journal ~45 kB.
     tmpfs(run_dir / "replay-journal", "size=32k")
-    (run_dir / "config.yaml").write_text("")
+    (run_dir / "config.yaml").write_text("")  # a run directory prepared by hand
     settings = ["replay.capacity=1200", "collector.total_frames=4000", "eval.interval_frames=1000"]
-    run = build_run(tiny_config(*settings, run_dir=run_dir))
+    config = tiny_config(*settings, run_dir=run_dir)
+    (run_dir / "config.yaml").write_text(to_yaml(config))  # as train() writes it
+    run = build_run(config)
     with pytest.raises(OSError, match="No space left on device"):
         try:
             run_iterations(run)

@@ -248,6 +248,19 @@ def test_a_second_ctrl_c_during_a_save_waits_for_it_and_stops_at_once_otherwise(
         assert "lost: the 600 frames since checkpoint-000000000400" in capfd.readouterr().err
 
 
+def test_a_second_ctrl_c_turned_into_another_error_by_library_code_stops_as_one() -> None:
+    # The run's own test: tests/test_resume.py::test_a_second_ctrl_c_stops_at_once_...
+    stop = StopRequest()
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with stop.installed():
+            signal.raise_signal(signal.SIGINT)
+            try:
+                signal.raise_signal(signal.SIGINT)
+            except KeyboardInterrupt:  # as tensordict did, inside an update
+                raise RuntimeError("Converting a tensordict to boolean value") from None
+    assert isinstance(raised.value.__cause__, RuntimeError)
+
+
 def test_a_signal_drops_abandonable_work_at_its_next_abandon_point() -> None:
     stop = StopRequest()
     with stop.installed():

@@ -211,7 +211,13 @@ class DQN(Algorithm):
     @classmethod
     def check(cls, config: Config) -> None:
         """``dqn.random_shift`` shifts the frames of an env that observes frames, and
-        ``dqn.dueling`` is a head of the Nature CNN that reads them."""
+        ``dqn.dueling`` is a head of the Nature CNN that reads them; epsilon anneals down
+        (TorchRL's EGreedyModule refuses to raise it)."""
+        if config.dqn.eps_start < config.dqn.eps_end:
+            raise ConfigError(
+                f"dqn.eps_start={config.dqn.eps_start} is not accepted: epsilon anneals from it "
+                f"down to dqn.eps_end={config.dqn.eps_end}, so it must be >= dqn.eps_end"
+            )
         if observes_frames(config.env.name):
             return
         if config.dqn.random_shift:

@@ -196,7 +196,7 @@ def make_rpc_collector(
     where: dict[str, Any] = {}
     if config.rpc.launcher == "slurm":
         run_dir, jobs = Path(config.run_dir), collection_job_settings(config.slurm)
-        check_cluster(jobs)  # what the cluster would refuse, before submitting
+        check_cluster(jobs, "rpc.launcher=slurm")  # before submitting
         where["executor"] = make_executor(
             run_dir / JOB_DIR / COLLECTION_JOBS_DIR, jobs, name=f"{run_dir.name}-collect"
         )

@@ -208,6 +208,11 @@ def check_run_dir(run_dir: Path) -> None:
         return
     # Lock files alone are left by a run killed before it wrote its config.
     others = [p for p in run_dir.iterdir() if p.name not in (LOCK_FILE, HOLDER_FILE)]
+    if (run_dir / CHECKPOINTS_DIR).is_dir() and not (run_dir / CONFIG_FILE).exists():
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} holds checkpoints but no {CONFIG_FILE}, which resuming "
+            "reads: put it back, or give another run_dir"
+        )
     if others and not (run_dir / CONFIG_FILE).exists():
         raise ConfigError(
             f"run_dir={str(run_dir)!r} holds other files and is not a run directory: "

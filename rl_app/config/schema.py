@@ -103,7 +103,7 @@ class CollectorConfig:
     connect_timeout_s: int = setting(
         600, "how long collection jobs may take to start and join (distributed mode)", at_least=1
     )
-    device: str = setting("cpu", f"where worker processes run the policy: {DEVICE_DOC}")
+    device: str = setting("cpu", "where worker processes run the policy: cpu | cuda | cuda:N")
     sync_every: int = setting(
         1, "push learner weights to the workers every N iterations", at_least=1
     )

@@ -109,10 +109,10 @@ def collection_job_settings(slurm: Any) -> JobSettings:
 
 def check_collection_jobs(config: Config) -> None:
     """Refuse collection jobs the cluster would refuse (distributed mode, rpc mode's jobs)."""
-    if config.collector.mode == "distributed" or (
-        config.collector.mode == "rpc" and config.rpc.launcher == "slurm"
-    ):
-        check_cluster(collection_job_settings(config.slurm))
+    if config.collector.mode == "distributed":
+        check_cluster(collection_job_settings(config.slurm), "collector.mode=distributed")
+    elif config.collector.mode == "rpc" and config.rpc.launcher == "slurm":
+        check_cluster(collection_job_settings(config.slurm), "rpc.launcher=slurm")
 
 
 def check_settings(settings: JobSettings, source: str) -> None:
@@ -134,20 +134,21 @@ def check_settings(settings: JobSettings, source: str) -> None:
         raise ConfigError(f"sbatch_extra ({source}) must be a mapping of sbatch option to value")
 
 
-def check_cluster(settings: JobSettings) -> None:
+def check_cluster(settings: JobSettings, asked_by: str = "launcher=slurm") -> None:
     """Refuse, in one line, what SLURM would refuse: no SLURM here, an unknown partition,
-    more GPUs or CPUs than one of its nodes has."""
+    more GPUs or CPUs than one of its nodes has. ``asked_by``: the setting that submits
+    the jobs, which the refusal names."""
     if shutil.which("sbatch") is None or shutil.which("sinfo") is None:
-        raise ConfigError("launcher=slurm needs SLURM's sbatch and sinfo on PATH; none found")
+        raise ConfigError(f"{asked_by} needs SLURM's sbatch and sinfo on PATH; none found")
     try:
         answer = subprocess.run(
             ["sinfo", "--noheader", "--format=%P|%c|%G"], capture_output=True, text=True, timeout=30
         )
     except subprocess.TimeoutExpired:
-        raise ConfigError("launcher=slurm: the SLURM controller did not answer in 30 s") from None
+        raise ConfigError(f"{asked_by}: the SLURM controller did not answer in 30 s") from None
     if answer.returncode != 0:
         reason = (answer.stderr.strip().splitlines() or ["no answer"])[-1]
-        raise ConfigError(f"launcher=slurm: cannot reach the SLURM controller ({reason})")
+        raise ConfigError(f"{asked_by}: cannot reach the SLURM controller ({reason})")
     partitions: dict[str, list[tuple[str, str]]] = {}
     default = None
     for line in answer.stdout.split():
