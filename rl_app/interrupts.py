@@ -125,18 +125,21 @@ class StopRequest:
                 self._stop_after_save = True
                 say("second Ctrl-C: stopping once the checkpoint is saved")
                 return
-            say(f"second Ctrl-C: stopping now; lost: {self.unsaved()}")
             self._stopped_at_once = True
+            say(f"second Ctrl-C: stopping now; lost: {self.unsaved()}")
             raise KeyboardInterrupt
-        if not self.requested:
+        first = not self.requested
+        if signum == signal.SIGUSR2 and self.usr2_grace_s is not None and self.deadline is None:
+            self.deadline = time.monotonic() + self.usr2_grace_s
+        # Recorded before anything is said: a second signal may run its handler inside
+        # this one's say(), and must find the stop asked for.
+        self.reason = signal.Signals(signum).name
+        self._abandon = True
+        if first:
             say(
                 f"{signal.Signals(signum).name}: saving a checkpoint, then stopping "
                 "(Ctrl-C again stops at once)"
             )
-        if signum == signal.SIGUSR2 and self.usr2_grace_s is not None and self.deadline is None:
-            self.deadline = time.monotonic() + self.usr2_grace_s
-        self.reason = signal.Signals(signum).name
-        self._abandon = True
 
 
 def say(message: str) -> None:

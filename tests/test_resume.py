@@ -134,7 +134,7 @@ def test_resume_at_an_episode_boundary_matches_the_uninterrupted_run(
 
     interrupted = tmp_path / "b"
     train(tiny_config(*target, "collector.total_frames=800", run_dir=interrupted))
-    resumed = load_config("default", [f"run_dir={interrupted}", "collector.total_frames=1600"])
+    resumed = load_config(None, [f"run_dir={interrupted}", "collector.total_frames=1600"])
     assert resumed.network.hidden_sizes == [32, 32]  # the saved config, not the preset
     assert_same_run(alone, resume_in_process(resumed))
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from gymnasium.envs.classic_control.pendulum import PendulumEnv
 
+from rl_app import interrupts
 from rl_app.checkpointing import checkpoint_candidates, recorded_best
 from rl_app.checks import load_config
 from rl_app.config import Config
@@ -259,6 +260,24 @@ def test_a_second_ctrl_c_turned_into_another_error_by_library_code_stops_as_one(
             except KeyboardInterrupt:  # as tensordict did, inside an update
                 raise RuntimeError("Converting a tensordict to boolean value") from None
     assert isinstance(raised.value.__cause__, RuntimeError)
+
+
+def test_a_second_ctrl_c_while_the_first_is_being_said_stops_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    said: list[str] = []
+
+    def say_and_get_another(message: str) -> None:
+        said.append(message)
+        if len(said) == 1:  # the second lands inside the first one's handler
+            signal.raise_signal(signal.SIGINT)
+
+    monkeypatch.setattr(interrupts, "say", say_and_get_another)
+    with pytest.raises(KeyboardInterrupt):
+        with StopRequest().installed():
+            signal.raise_signal(signal.SIGINT)
+    assert said[0].startswith("SIGINT: saving a checkpoint, then stopping")
+    assert said[1].startswith("second Ctrl-C: stopping now")
 
 
 def test_a_signal_drops_abandonable_work_at_its_next_abandon_point() -> None:
