@@ -27,7 +27,7 @@ from torchrl.envs import EnvBase
 
 from rl_app.algorithms import make_algorithm
 from rl_app.checkpointing import SAVE_MARGIN
-from rl_app.config import Config, ConfigError
+from rl_app.config import Config, ConfigError, nearest_existing
 from rl_app.envs import make_env
 from rl_app.replay import stored_transition
 from rl_app.rundir import CHECKPOINTS_DIR, JOURNAL_DIR, REPLAY_DIR
@@ -237,11 +237,6 @@ def size(count: float) -> str:
             return f"{count:.3g} {unit}"
         count /= 1000
     return f"{count:.3g} TB" if count < 999.5 else f"{count:,.0f} TB"
-
-
-def nearest_existing(path: Path) -> Path:
-    """``path`` or its nearest existing parent: where a run directory's files would go."""
-    return next(p for p in (path, *path.parents) if p.exists())
 
 
 def own_files_disk(run_dir: Path, device: int) -> int:

@@ -241,10 +241,9 @@ def train_locked(
     try:
         run = build_run(config, resuming=resume_from is not None)
     except CollectorStopped as error:  # a worker died while the collectors started
-        (run_dir / ERROR_LOG).write_text(traceback.format_exc())
         raise RunFailed(
             f"training stopped while starting the collectors: {error}\n"
-            f"last good checkpoint: {resume_from}; traceback in {run_dir / ERROR_LOG}"
+            f"last good checkpoint: {resume_from}; {kept_traceback(run_dir)}"
         ) from error
     try:
         if resume_from is not None:
@@ -291,14 +290,20 @@ def find_resume_point(run_dir: Path) -> Path:
     return chosen
 
 
-def describe_failure(run: Run, error: Exception) -> str:
-    """One paragraph for the user; the traceback goes to ``error.log`` in the run directory,
-    or where that cannot be written (a full disk), the paragraph says why."""
+def kept_traceback(run_dir: Path) -> str:
+    """Write the traceback of the error being handled to ``error.log`` in ``run_dir``, and
+    say where it is, or why it is not there (a full disk)."""
     try:
-        (run.run_dir / ERROR_LOG).write_text(traceback.format_exc())
-        kept = f"traceback in {run.run_dir / ERROR_LOG}"
-    except OSError as write_error:
-        kept = f"its traceback could not be written to {ERROR_LOG} ({write_error.strerror})"
+        (run_dir / ERROR_LOG).write_text(traceback.format_exc())
+    except OSError as error:
+        return f"its traceback could not be written to {ERROR_LOG} ({error.strerror})"
+    return f"traceback in {run_dir / ERROR_LOG}"
+
+
+def describe_failure(run: Run, error: Exception) -> str:
+    """One paragraph for the user; the traceback goes to ``error.log`` in the run directory
+    (:func:`kept_traceback`)."""
+    kept = kept_traceback(run.run_dir)
     latest = run.checkpoints.latest()
     # An evaluation's fault: the training was saved when it was due, the evaluation owed.
     owed = (

@@ -200,10 +200,7 @@ def holds_checkpoint(run_dir: Path) -> bool:
 
 def check_run_dir(run_dir: Path) -> None:
     """A run directory is new, empty, or a run (resumed, or restarted if it never saved)."""
-    if run_dir.exists() and not run_dir.is_dir():
-        raise ConfigError(f"run_dir={str(run_dir)!r} is a file: give a directory")
-    if (blocking := file_in_the_way(run_dir)) is not None:
-        raise ConfigError(f"run_dir={str(run_dir)!r} cannot be made: {str(blocking)!r} is a file")
+    refuse_a_file_in_the_way("run_dir", run_dir)
     if not run_dir.is_dir():
         return
     # Lock files alone are left by a run killed before it wrote its config.
@@ -220,13 +217,26 @@ def check_run_dir(run_dir: Path) -> None:
         )
 
 
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest existing parent: where a run directory's files would go."""
+    return next(p for p in (path, *path.parents) if p.exists())
+
+
 def file_in_the_way(directory: Path) -> Path | None:
     """The file that stands where ``directory`` or one of its parents would be made, or
     None."""
-    existing = directory
-    while not existing.exists():
-        existing = existing.parent
+    existing = nearest_existing(directory)
     return None if existing.is_dir() else existing
+
+
+def refuse_a_file_in_the_way(key: str, directory: Path) -> None:
+    """Raise :class:`ConfigError` where a file stands at the directory ``key`` names, or
+    above it."""
+    blocking = file_in_the_way(directory)
+    if blocking == directory:
+        raise ConfigError(f"{key}={str(directory)!r} is a file: give a directory")
+    if blocking is not None:
+        raise ConfigError(f"{key}={str(directory)!r} cannot be made: {str(blocking)!r} is a file")
 
 
 def refuse_another_preset(preset: str, given: dict[str, Any], saved: RunConfig) -> None:

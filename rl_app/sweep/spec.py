@@ -29,6 +29,7 @@ from rl_app.config import (
     conform,
     conform_value,
     read_yaml,
+    refuse_a_file_in_the_way,
     setting,
     settings_of,
 )
@@ -125,8 +126,7 @@ def load_sweep(path: Path) -> Sweep:
     settings = read_settings(tree)
     if settings.sweep_dir is None:
         settings.sweep_dir = f"runs/sweep-{path.stem}"
-    if Path(settings.sweep_dir).exists() and not Path(settings.sweep_dir).is_dir():
-        raise ConfigError(f"sweep_dir={settings.sweep_dir!r} is a file: give a directory")
+    refuse_a_file_in_the_way("sweep_dir", Path(settings.sweep_dir))
     sweep = Sweep(settings, read_overrides(tree.get("overrides", [])),
                   read_space(tree.get("space")))  # fmt: skip
     check_trial_configs(sweep)
