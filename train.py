@@ -13,16 +13,21 @@ import argparse
 import logging
 import math
 import sys
+from pathlib import Path
 
-from rl_app.checks import describe_settings, load_config
-from rl_app.config import (
-    DEFAULT_PRESET,
-    Config,
-    ConfigError,
-    available_presets,
-    describe_presets,
-    to_yaml,
-)
+try:  # seconds of torch's imports: a Ctrl-C during them ends the command quietly
+    from rl_app.checks import describe_settings, load_config
+    from rl_app.config import (
+        DEFAULT_PRESET,
+        Config,
+        ConfigError,
+        available_presets,
+        describe_presets,
+        holds_checkpoint,
+        to_yaml,
+    )
+except KeyboardInterrupt:
+    sys.exit(130)
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -79,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before a run started: nothing to resume
+        print("stopped by Ctrl-C before training started", file=sys.stderr)
+        return 130
 
 
 def train_here(config: Config) -> int:
@@ -97,7 +105,10 @@ def train_here(config: Config) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:  # a second Ctrl-C (what it lost is said), or one before the loop
-        print(f"stopped by Ctrl-C; resume with: python train.py run_dir={config.run_dir}")
+        if holds_checkpoint(Path(config.run_dir)):
+            print(f"stopped by Ctrl-C; resume with: python train.py run_dir={config.run_dir}")
+        else:
+            print("stopped by Ctrl-C before the first checkpoint: run the same command again")
         return 130
     print(f"run directory: {result.run_dir}")
     if math.isnan(result.last_eval_return):  # stopped before its first evaluation

@@ -256,6 +256,22 @@ def test_a_second_ctrl_c_stops_at_once_with_the_resume_command_and_no_traceback(
     choose_checkpoint(run_dir / "checkpoints")  # the last good one verifies
 
 
+def test_a_ctrl_c_while_torch_is_imported_ends_the_command_quietly(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(  # -X importtime: a line on stderr as each module is imported
+        [PYTHON, "-X", "importtime", str(TRAIN_PY), *TINY_RUN, f"run_dir={run_dir}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = "none"
+    while line.rpartition("|")[2].strip() != "torch":  # tensordict's and TorchRL's to come
+        line = process.stderr.readline()
+        assert line, "train.py ended before it had imported torch"
+    process.send_signal(signal.SIGINT)
+    stdout, rest = process.communicate(timeout=120)
+    assert process.returncode == 130, rest
+    assert "Traceback" not in stdout + rest and not run_dir.exists()
+
+
 def test_a_metrics_row_cut_short_by_a_kill_is_dropped_on_resume(tiny_config) -> None:
     config = tiny_config("collector.total_frames=600", "eval.interval_frames=400")
     train(config)
