@@ -9,7 +9,8 @@ the kept ones, up to an evaluation interval's data each (:mod:`rl_app.replay.jou
 env's specs and the settings, and refuses a run this machine cannot hold with a
 :class:`~rl_app.config.ConfigError` naming ``replay.capacity``. The networks, their
 optimizer state and an iteration's sampled batches are not counted: they do not grow with
-the buffer.
+the buffer (networks too large for the memory are refused as they are built:
+:func:`rl_app.run.make_networks`).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import logging
 import random
+import re
 import shutil
 import traceback
 from pathlib import Path
@@ -36,9 +37,9 @@ from rl_app.collection import (
     decide_devices,
     make_collector,
 )
-from rl_app.config import Config, holds_checkpoint, to_yaml
+from rl_app.config import Config, ConfigError, holds_checkpoint, to_yaml
 from rl_app.envs import make_env
-from rl_app.fit import check_fit
+from rl_app.fit import check_fit, size
 from rl_app.logger import CURVE_FILE, LOGS_DIR, METRICS_FILE, PhaseTimer, RunLogger
 from rl_app.loop import (
     EvalHook,
@@ -112,14 +113,14 @@ def build_run(config: Config, resuming: bool = False) -> Run:
     quiet_cuda_home_warning()
     logging.getLogger("torchrl").setLevel(logging.WARNING)  # it logs each storage it lays out
     keep_freed_memory()  # sampled batches reuse freed memory (rl_app.upstream)
-    prepare_run_dir(run_dir, resuming)
-    (run_dir / CONFIG_FILE).write_text(to_yaml(config))
     torch.set_num_threads(config.threads)
     seed_everything(config.seed)
 
     devices = decide_devices(config)
     spec_env = make_env(config.env, config.seed, network=config.network)
-    algorithm = make_algorithm(config, spec_env, devices.learner)
+    algorithm = make_networks(config, spec_env, devices.learner)
+    prepare_run_dir(run_dir, resuming)
+    (run_dir / CONFIG_FILE).write_text(to_yaml(config))
     keys = algorithm.replay_keys()
     transition = stored_transition(spec_env, keys)
     # What is built is closed again if a later part fails (a worker dying at the first
@@ -177,6 +178,25 @@ def build_run(config: Config, resuming: bool = False) -> Run:
         config, run_dir, devices, algorithm, buffer, collector, weight_sync, progress,
         checkpoints, logger, PhaseTimer(), evaluator,
     )  # fmt: skip
+
+
+def make_networks(config: Config, spec_env: EnvBase, device: torch.device) -> Algorithm:
+    """The algorithm, its networks built; :class:`ConfigError` naming
+    ``network.hidden_sizes`` if they do not fit in memory (the fit check counts the
+    replay buffer only)."""
+    try:
+        return make_algorithm(config, spec_env, device)
+    except RuntimeError as error:  # CUDA's OutOfMemoryError is one too
+        asked = re.search(r"tried to allocate (\d+) bytes", str(error))  # the CPU allocator's
+        if asked is None and not isinstance(error, torch.OutOfMemoryError):
+            raise
+        spec_env.close()
+        reason = f"{size(int(asked[1]))} asked for at once" if asked else str(error).split(".")[0]
+        memory = "RAM" if device.type == "cpu" else f"{device}'s memory"
+        raise ConfigError(
+            f"network.hidden_sizes={config.network.hidden_sizes}: the networks do not fit in "
+            f"{memory} ({reason}); choose smaller layers"
+        ) from None
 
 
 def make_local_replay(

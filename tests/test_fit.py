@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import resource
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -76,6 +77,23 @@ def test_a_buffer_larger_than_the_ram_is_refused_before_allocating(tmp_path: Pat
     # Refused before allocating: the process holds torch, TorchRL and an env (under 1 GB
     # where measured), far from the trees it was asked for or the RAM there is.
     assert peak < min(fp.trees, available_ram()) / 4
+
+
+def test_networks_larger_than_the_memory_are_refused_naming_their_sizes(tmp_path: Path) -> None:
+    def limit_memory() -> None:  # as a job's limit would: under the 40 GB one layer asks
+        resource.setrlimit(resource.RLIMIT_AS, (16 * 2**30, 16 * 2**30))
+
+    run_dir = tmp_path / "run"
+    refused = subprocess.run(
+        [PYTHON, TRAIN_PY, *TINY_RUN, f"run_dir={run_dir}", "network.hidden_sizes=[100000,100000]"],
+        capture_output=True, text=True, timeout=300, preexec_fn=limit_memory,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.splitlines()[-1] == (
+        "error: network.hidden_sizes=[100000, 100000]: the networks do not fit in RAM "
+        "(40 GB asked for at once); choose smaller layers"
+    )
+    assert not (run_dir / "config.yaml").exists()
 
 
 def test_a_buffer_larger_than_the_free_disk_is_refused_at_start(small_disk: Path) -> None:
