@@ -35,7 +35,6 @@ from rl_app.config.loading import (
     resolve_config,
 )
 from rl_app.config.schema import (
-    C_INT_MAX,
     DEVICE_DOC,
     MAX_SEED,
     SEGMENT_TREE_MAX_SIZE,
@@ -64,7 +63,6 @@ from rl_app.config.settings import (
 )
 
 __all__ = [
-    "C_INT_MAX",
     "DEFAULT_PRESET",
     "DEVICE_DOC",
     "HOLDS_PREFIX",

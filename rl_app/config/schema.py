@@ -16,8 +16,9 @@ from rl_app.config.settings import setting
 # their size in a std::vector<float>: larger sizes raise (from 2**59) or never return
 # (from 2**62, the power of two overflows).
 SEGMENT_TREE_MAX_SIZE = 2**59 - 1
-# torch.set_num_threads takes a C int.
-C_INT_MAX = 2**31 - 1
+# More torch threads than the largest nodes have cores: OpenMP fails to start some
+# thousands on small machines, and crashed the process at 100,000.
+MAX_THREADS = 1024
 # NumPy's and Gymnasium's seeds are unsigned 32-bit integers.
 MAX_SEED = 2**32 - 1
 
@@ -356,7 +357,7 @@ class RunConfig:
     device: str = setting("auto", f"learner device: {DEVICE_DOC}")
     threads: int = setting(
         1, "torch intra-op threads (one is fastest on small machines)", at_least=1,
-        at_most=C_INT_MAX, on_resume=True,
+        at_most=MAX_THREADS, on_resume=True,
     )  # fmt: skip
     run_dir: str | None = setting(
         None, "where the run's files go (default runs/<preset>-<time>)", on_resume=True
