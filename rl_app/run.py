@@ -258,6 +258,11 @@ def train_locked(
     config: Config, run_dir: Path, on_eval: EvalHook | None, usr2_grace_s: float | None
 ) -> TrainResult:
     resume_from = find_resume_point(run_dir) if holds_checkpoint(run_dir) else None
+    in_files = config.replay.device == "cpu" and config.replay.service == "none"
+    replay_files = run_dir / REPLAY_DIR
+    if resume_from is not None and in_files and not any(replay_files.rglob("*.memmap")):
+        # (a copy of the run without them: a file or two missing reads as damaged)
+        raise RunFailed(cannot_resume(f"the replay buffer's files in {replay_files}/ are missing"))
     try:
         run = build_run(config, resuming=resume_from is not None)
     except CollectorStopped as error:  # a worker died while the collectors started
@@ -270,10 +275,7 @@ def train_locked(
             try:
                 run.checkpoints.load(resume_from)
             except StorageDamaged as error:
-                raise RunFailed(
-                    f"cannot resume: {error}; its checkpoints still play (rl_app.play), "
-                    "and a new run_dir trains afresh"
-                ) from None
+                raise RunFailed(cannot_resume(str(error))) from None
             run.checkpoints.record_best()  # a fallback may have set the best one aside
             # A row logged at an owed evaluation's own frames (one in the background that
             # ended after its checkpoint) goes too: it is logged again when it runs.
@@ -291,6 +293,13 @@ def train_locked(
         raise RunFailed(describe_failure(run, error)) from error
     finally:
         run.close()
+
+
+def cannot_resume(why: str) -> str:
+    return (
+        f"cannot resume: {why}; its checkpoints still play (rl_app.play), and a new run_dir "
+        "trains afresh"
+    )
 
 
 def find_resume_point(run_dir: Path) -> Path:

@@ -390,6 +390,18 @@ def test_damaged_replay_files_stop_a_resume_with_a_clear_message(
     assert "observation slots 0-1023" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_copy_of_a_run_without_its_replay_files_is_refused_saying_so(
+    saved_run: Path, tmp_path: Path
+) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(saved_run, run_dir, ignore=shutil.ignore_patterns("replay"))
+    resumed = load_config(None, [f"run_dir={run_dir}", "collector.total_frames=1600"])
+    missing = f"cannot resume: the replay buffer's files in {run_dir / 'replay'}/ are missing;"
+    with pytest.raises(RunFailed, match=re.escape(missing)):
+        train(resumed)
+    assert not (run_dir / "replay").exists()  # refused before anything was built
+
+
 def test_no_good_checkpoint_exits_with_an_error_and_touches_nothing(
     saved_run: Path, tmp_path: Path
 ) -> None:
