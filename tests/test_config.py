@@ -18,7 +18,7 @@ from rl_app.algorithms import ALGORITHMS, algorithm_class, available_algorithms
 from rl_app.checks import load_config
 from rl_app.config import Config, DQNConfig, RunConfig, SACConfig, TD3Config
 from rl_app.run import train
-from tests.helpers import PYTHON, ROOT, refusal, run_train
+from tests.helpers import PYTHON, ROOT, TINY_RUN, refusal, run_train
 
 
 @pytest.mark.parametrize(
@@ -126,6 +126,24 @@ def test_overrides_may_stand_on_both_sides_of_config(
     assert result.returncode == 0, result.stderr
     printed = yaml.safe_load(result.stdout)
     assert (printed["algo"], printed["optim"]["lr"], printed["seed"]) == ("td3", 1e-3, 1)
+
+
+def test_a_run_dir_under_tilde_is_the_home_directory_s_whole_and_resumes_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A "~" the shell left (quoted, or in a YAML file) had split a run: its checkpoints in
+    the home directory, everything else under a folder named "~" where it was started."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    config = load_config("default", [*TINY_RUN, "collector.total_frames=400", "run_dir=~/run"])
+    assert config.run_dir == str(tmp_path / "home" / "run")
+    train(config)
+    assert not (tmp_path / "~").exists()
+    resumed = load_config(None, ["run_dir=~/run", "collector.total_frames=600"])
+    assert resumed.network.hidden_sizes == [32, 32]  # the run's own config: it resumes
+    preset = tmp_path / "preset.yaml"
+    preset.write_text("run_dir: ~/from-a-file\n")
+    assert load_config(str(preset), []).run_dir == str(tmp_path / "home" / "from-a-file")
 
 
 def test_a_resumed_run_refuses_a_config_of_another_algorithm_or_env(

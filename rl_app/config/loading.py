@@ -12,6 +12,7 @@ then runs every owner's check.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ def resolve_config(preset: str | None, overrides: list[str]) -> RunConfig:
         raise ConfigError(
             "run_dir is empty: give a directory, or leave run_dir out for runs/<preset>-<time>"
         )
+    if "run_dir" in given:  # "~" is the user's home wherever it was given, not a folder "~"
+        given["run_dir"] = os.path.expanduser(given["run_dir"])
     run_dir = given.get("run_dir")
     if run_dir is not None and holds_checkpoint(Path(run_dir)):
         saved = read_run_config(Path(run_dir))
@@ -62,6 +65,7 @@ def resolve_config(preset: str | None, overrides: list[str]) -> RunConfig:
         check_declared(key, value, accepted)
     if config.run_dir is None:
         config.run_dir = f"runs/{Path(preset).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+    config.run_dir = os.path.expanduser(config.run_dir)  # (a preset's own run_dir)
     check_run_dir(Path(config.run_dir))
     return config
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,7 @@ def load_sweep(path: Path) -> Sweep:
     settings = read_settings(tree)
     if settings.sweep_dir is None:
         settings.sweep_dir = f"runs/sweep-{path.stem}"
+    settings.sweep_dir = os.path.expanduser(settings.sweep_dir)  # "~": the user's home
     refuse_a_file_in_the_way("sweep_dir", Path(settings.sweep_dir))
     sweep = Sweep(settings, read_overrides(tree.get("overrides", [])),
                   read_space(tree.get("space")))  # fmt: skip
