@@ -53,6 +53,13 @@ POLICY_COMPONENT = "policy"
 BEST_INDEX = "best.json"
 
 
+def last_good(checkpoint: Path | None) -> str:
+    """The last good checkpoint as a failure names it, or what to do where there is none."""
+    if checkpoint is None:
+        return "none yet (the same command starts the run afresh)"
+    return str(checkpoint)
+
+
 class CorruptCheckpoint(Exception):
     """A checkpoint whose files do not match what was saved."""
 

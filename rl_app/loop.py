@@ -30,7 +30,7 @@ from tensordict.nn import TensorDictModuleBase
 from torchrl.collectors import BaseCollector
 
 from rl_app.algorithms import Algorithm
-from rl_app.checkpointing import RunCheckpoints, checkpoint_frames
+from rl_app.checkpointing import RunCheckpoints, checkpoint_frames, last_good
 from rl_app.collection import (
     Devices,
     WeightSync,
@@ -437,7 +437,7 @@ def save_checkpoint(run: Run, eval_return: float | None) -> None:
         raise RunFailed(
             f"could not save the checkpoint at {run.progress.frames} frames "
             f"({error.strerror}); the last good checkpoint is intact: "
-            f"{run.checkpoints.latest()}"
+            f"{last_good(run.checkpoints.latest())}"
         ) from None
 
 
@@ -448,7 +448,7 @@ def refuse_non_finite(metrics: dict[str, float], run: Run) -> None:
             raise RunFailed(
                 f"{name} became {value} at iteration {run.progress.iterations} "
                 f"({run.progress.frames} frames); nothing was saved from this iteration; "
-                f"the last good checkpoint is {run.checkpoints.latest()}"
+                f"the last good checkpoint is {last_good(run.checkpoints.latest())}"
             )
 
 

@@ -28,6 +28,7 @@ from rl_app.checkpointing import (
     RunCheckpoints,
     checkpoint_frames,
     choose_checkpoint,
+    last_good,
 )
 from rl_app.collection import (
     CollectorState,
@@ -268,7 +269,7 @@ def train_locked(
     except CollectorStopped as error:  # a worker died while the collectors started
         raise RunFailed(
             f"training stopped while starting the collectors: {error}\n"
-            f"last good checkpoint: {resume_from}; {kept_traceback(run_dir)}"
+            f"last good checkpoint: {last_good(resume_from)}; {kept_traceback(run_dir)}"
         ) from error
     try:
         if resume_from is not None:
@@ -346,6 +347,6 @@ def describe_failure(run: Run, error: Exception) -> str:
         f"training stopped while {run.phases.current} at iteration {iteration} "
         f"({run.progress.frames} frames): "
         f"{type(error).__name__}: {error}\n"
-        f"last good checkpoint: {latest}"
+        f"last good checkpoint: {last_good(latest)}"
         f"{' (the evaluation runs first when it resumes)' if owed else ''}; {kept}"
     )

@@ -329,7 +329,11 @@ def test_an_actor_lost_as_the_collectors_start_is_named_and_the_run_stops(
         r"collectors started, its process ended \(worker exit type \w+\); its log: ",
         str(failure.value),
     ), failure.value
-    assert str(failure.value).splitlines()[1].startswith("last good checkpoint: None;")
+    assert (
+        str(failure.value)
+        .splitlines()[1]
+        .startswith("last good checkpoint: none yet (the same command starts the run afresh);")
+    )
 
 
 def test_an_actor_whose_constructor_raises_is_named_and_train_py_exits(tmp_path: Path) -> None:
@@ -341,7 +345,8 @@ def test_an_actor_whose_constructor_raises_is_named_and_train_py_exits(tmp_path:
         r"training stopped while starting the collectors: collector worker \d \(Ray actor, "
         rf"pid \d+ on \S+\) of env {env_name} stopped: as the collectors started, its "
         r"constructor raised ValueError: no simulator licence on this node\n"
-        r"last good checkpoint: None; traceback in ",
+        r"last good checkpoint: none yet \(the same command starts the run afresh\); "
+        r"traceback in ",
         result.stderr,
     ), result.stderr
     assert "Traceback" not in result.stderr

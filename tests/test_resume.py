@@ -442,6 +442,20 @@ def test_faults_stop_the_run_with_the_last_checkpoint_intact(
     assert chosen.name == "checkpoint-000000000800" and passed_over == []
 
 
+def test_a_fault_before_the_first_checkpoint_says_the_same_command_starts_afresh(
+    tiny_config,
+) -> None:
+    faulty = (f"env.name={faulty_envs.NAN_AT_1100}", "collector.total_frames=2000")
+    overrides = (*faulty, "eval.interval_frames=2000")  # no checkpoint before the fault
+    with pytest.raises(RunFailed, match="became nan") as failure:
+        train(tiny_config(*overrides))
+    assert str(failure.value).endswith(
+        "the last good checkpoint is none yet (the same command starts the run afresh)"
+    )
+    started = tiny_config(*overrides, "collector.total_frames=1000")  # before the fault
+    assert train(started).frames == 1000
+
+
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(
     tiny_config, tmp_path: Path, tmpfs
 ) -> None:
