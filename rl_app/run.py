@@ -250,6 +250,13 @@ def train(
     try:
         with run_dir_lock(run_dir, lock_wait_s):
             log.info("%s", estimate)
+            collector = config.collector
+            if collector.init_random_frames > collector.total_frames:  # (a first segment?)
+                log.warning(
+                    "collector.init_random_frames=%d exceeds collector.total_frames=%d: the "
+                    "run acts at random and makes no update",
+                    collector.init_random_frames, collector.total_frames,
+                )  # fmt: skip
             return train_locked(config, run_dir, on_eval, usr2_grace_s)
     except RunDirUnwritable as error:
         raise RunFailed(f"run_dir {run_dir} is not writable: {error}") from None

@@ -39,6 +39,17 @@ def test_short_run_writes_config_metrics_curve_and_checkpoints(tiny_config) -> N
     assert result.best_checkpoint.name == f"checkpoint-{best_frames:012d}"
 
 
+def test_a_run_that_ends_within_its_random_frames_says_it_makes_no_update(
+    tiny_config, caplog: pytest.LogCaptureFixture
+) -> None:
+    result = train(tiny_config("collector.total_frames=400", "collector.init_random_frames=600"))
+    assert result.updates == 0
+    assert (
+        "collector.init_random_frames=600 exceeds collector.total_frames=400: the run acts at "
+        "random and makes no update"
+    ) in caplog.text
+
+
 def test_sac_halfcheetah_preset_trains_on_the_cpu_out_of_the_box(tiny_config) -> None:
     # MuJoCo comes with the pinned requirements: the GPU preset runs anywhere, briefly.
     config = tiny_config(
