@@ -195,8 +195,12 @@ class ReplayConfig:
         "of its episode)",
         choices=("future", "final", "episode"),
     )
-    alpha: float = setting(0.6, "priority exponent (prioritized samplers)", at_least=0)
-    beta: float = setting(0.4, "importance-weight exponent (prioritized samplers)", at_least=0)
+    # Both in [0, 1] as in Schaul et al. (2016): 1 is sampling in proportion to the TD error
+    # and weights that undo the bias whole; a much larger one overflows to NaN in a few steps.
+    alpha: float = setting(0.6, "priority exponent (prioritized samplers)", at_least=0, at_most=1)
+    beta: float = setting(
+        0.4, "importance-weight exponent (prioritized samplers)", at_least=0, at_most=1
+    )
     prefetch: bool = setting(
         False,
         "sample each update's batch in a background thread while the update before it runs "
