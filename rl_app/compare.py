@@ -247,8 +247,11 @@ def plot_comparison(summaries: Sequence[GroupSummary], path: Path) -> None:
 
 def compare(paths: Sequence[Path], out: Path) -> tuple[list[GroupSummary], list[str]]:
     """Write ``compare.png`` and ``compare.md`` to ``out``; return the groups and the runs
-    skipped (one line each)."""
-    runs, skipped = read_runs(paths)
+    skipped (one line each). A run given twice counts once."""
+    once: dict[Path, Path] = {}
+    for path in paths:
+        once.setdefault(path.resolve(), path)
+    runs, skipped = read_runs(list(once.values()))
     if not runs:
         raise UnreadableRun("no run to compare: " + "; ".join(skipped))
     summaries = [summarize_group(label, group) for label, group in group_runs(runs).items()]

@@ -126,7 +126,7 @@ def test_compare_cli_skips_a_run_without_metrics_by_name(tiny_config, tmp_path: 
     empty.mkdir()
     (empty / "config.yaml").write_text(to_yaml(config))
     done = subprocess.run(
-        [PYTHON, "-m", "rl_app.compare", config.run_dir, str(empty)],
+        [PYTHON, "-m", "rl_app.compare", config.run_dir, str(empty), f"{config.run_dir}/."],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         capture_output=True,
@@ -140,6 +140,7 @@ def test_compare_cli_skips_a_run_without_metrics_by_name(tiny_config, tmp_path: 
     assert (tmp_path / outputs[0]).parent.parent == tmp_path / "runs"  # the default OUT
     rows = [json.loads(line) for line in Path(config.run_dir, "metrics.jsonl").open()]
     final = [row["eval/return"] for row in rows if "eval/return" in row][-1]
+    # One seed: the run given twice counts once.
     assert f"| `sac on Pendulum-v1` | 1 | 1,200 | {final:.1f} ± 0.0 |" in done.stdout
 
 
