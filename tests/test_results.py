@@ -175,3 +175,32 @@ def test_a_run_directory_in_use_ends_the_tool_in_one_line(
     assert len(error.splitlines()) == 1
     assert not (tmp_path / "runs" / "tiny-seed2").exists()
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "error"),
+    [
+        (["--store", "{tmp}/a-file/results.json"], "--store '{tmp}/a-file' cannot be made"),
+        (["--store", "{tmp}"], "--store '{tmp}' is a directory: give a file"),
+        (["--store", "{tmp}/a-file"], "--store '{tmp}/a-file' cannot be read: Expecting value"),
+        (["--seeds", "1", "1"], "--seeds 1 1: give each seed once"),
+        (
+            ["--random-policy", "--random-store", "{tmp}/a-file"],
+            "--random-store '{tmp}/a-file' cannot be read",
+        ),
+    ],
+)
+def test_outputs_it_could_not_write_end_the_tool_in_one_line_before_any_run(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    option: list[str],
+    error: str,
+) -> None:
+    monkeypatch.setitem(ENTRIES, "tiny", TINY_ENTRY)
+    (tmp_path / "a-file").write_text("not a results store\n")
+    given = [part.format(tmp=tmp_path) for part in option]
+    assert main([*tiny_entry_args(tmp_path), *given]) == 2
+    printed = capsys.readouterr().err
+    assert printed.startswith(f"error: {error.format(tmp=tmp_path)}") and printed.count("\n") == 1
+    assert not (tmp_path / "runs").exists()  # nothing trained

@@ -47,6 +47,7 @@ from rl_app.envs import make_env
 from rl_app.evaluation import play_episodes
 from rl_app.loop import RunFailed
 from rl_app.run import train
+from rl_app.runlock import make_writable_directory
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -412,8 +413,32 @@ def store_random_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_outputs(args: argparse.Namespace) -> None:
+    """Raise :class:`ConfigError` where the command could not write what it ends with, or
+    read a store it adds to: before anything is trained or played."""
+    if args.seeds is not None and len(set(args.seeds)) < len(args.seeds):
+        raise ConfigError(f"--seeds {' '.join(map(str, args.seeds))}: give each seed once")
+    stores = [("--random-store", args.random_store)] if args.random_policy else [
+        ("--store", args.store), ("--figure", args.figure)
+    ]  # fmt: skip
+    for flag, path in stores:
+        if path.is_dir():
+            raise ConfigError(f"{flag} {str(path)!r} is a directory: give a file")
+        make_writable_directory(path.parent, flag)
+        if flag != "--figure" and path.is_file():
+            try:
+                json.loads(path.read_text())
+            except (OSError, ValueError) as error:
+                raise ConfigError(f"{flag} {str(path)!r} cannot be read: {error}") from None
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    try:
+        check_outputs(args)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.table_only:
         write_readme_table(README, results_table())
         print(f"rewrote the results table of {README.relative_to(ROOT)}")
