@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from rl_app.checks import load_config
+from rl_app.config import ConfigError
 from rl_app.logger import read_metrics
 from rl_app.run import train
+from rl_app.runlock import make_writable_directory
 
 SHORT_RUN = [
     "collector.total_frames=1600",
@@ -55,18 +57,41 @@ def golden_rows(preset: str, overrides: list[str], runs: Path) -> list[dict[str,
     ]
 
 
+def checked_file(action: str, file: Path, presets: list[str]) -> dict[str, Any]:
+    """The rows ``file`` records (none to record), or :class:`ConfigError` where it cannot be
+    written, read, or lacks one of ``presets``."""
+    if file.is_dir():
+        raise ConfigError(f"{file} is a directory: give a file")
+    if action == "record":
+        make_writable_directory(file.parent, "file")
+        return {}
+    try:
+        recorded = json.loads(file.read_text())
+    except OSError as error:
+        raise ConfigError(f"{file} cannot be read: {error.strerror}") from None
+    except ValueError as error:
+        raise ConfigError(f"{file} is not a golden record: {error}") from None
+    if missing := [name for name in presets if name not in recorded]:
+        raise ConfigError(f"{file} records no {', '.join(missing)}")
+    return recorded
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["record", "check"])
     parser.add_argument("file", type=Path)
-    parser.add_argument("--presets", nargs="*", default=list(PRESETS))
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS), choices=list(PRESETS))
     args = parser.parse_args(argv)
+    try:  # what it reads or writes, before the runs
+        recorded = checked_file(args.action, args.file, args.presets)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     with tempfile.TemporaryDirectory() as runs:
         rows = {name: golden_rows(name, PRESETS[name], Path(runs)) for name in args.presets}
     if args.action == "record":
         args.file.write_text(json.dumps(rows, indent=1) + "\n")
         return 0
-    recorded = json.loads(args.file.read_text())
     differing = 0
     for name, now in rows.items():
         before = recorded[name]
