@@ -51,6 +51,7 @@ from tests.helpers import PYTHON, ROOT, TINY_RUN, refusal, run_train
         (["env.num_envs=3"], "env.num_envs"),
         (["collector.total_frames=9223372036854775808"], "<= 9223372036854775807"),  # int64
         (["threads=100000"], "<= 1024"),  # OpenMP crashed the process
+        (["--config", "dqn_atari100k", "collector.mode=rpc"], "(set dqn.channels_last=false)"),
         (["replay.alpha=1e12"], "it must be >= 0 and <= 1"),  # NaN at the second iteration
         (["eval.backend=thread"], "eval.backend='thread' is not accepted: choose one of"),
         (["eval.backend=process", "eval.video=true"], "eval.video=true needs eval.backend"),

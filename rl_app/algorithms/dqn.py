@@ -212,13 +212,21 @@ class DQN(Algorithm):
     def check(cls, config: Config) -> None:
         """``dqn.random_shift`` shifts the frames of an env that observes frames, and
         ``dqn.dueling`` is a head of the Nature CNN that reads them; epsilon anneals down
-        (TorchRL's EGreedyModule refuses to raise it)."""
+        (TorchRL's EGreedyModule refuses to raise it); a channels-last CNN's weights reach
+        no worker through torch.distributed."""
         if config.dqn.eps_start < config.dqn.eps_end:
             raise ConfigError(
                 f"dqn.eps_start={config.dqn.eps_start} is not accepted: epsilon anneals from it "
                 f"down to dqn.eps_end={config.dqn.eps_end}, so it must be >= dqn.eps_end"
             )
         if observes_frames(config.env.name):
+            mode = config.collector.mode
+            if config.dqn.channels_last and mode in ("ray", "rpc", "distributed"):
+                raise ConfigError(
+                    f"dqn.channels_last=true: collector.mode={mode} sends the weights to its "
+                    "workers through torch.distributed, which sends contiguous tensors only "
+                    "(set dqn.channels_last=false)"
+                )
             return
         if config.dqn.random_shift:
             given, off, why = (
