@@ -443,7 +443,7 @@ def test_faults_stop_the_run_with_the_last_checkpoint_intact(
 
 
 def test_a_fault_before_the_first_checkpoint_says_the_same_command_starts_afresh(
-    tiny_config,
+    tiny_config, tmp_path: Path
 ) -> None:
     faulty = (f"env.name={faulty_envs.NAN_AT_1100}", "collector.total_frames=2000")
     overrides = (*faulty, "eval.interval_frames=2000")  # no checkpoint before the fault
@@ -452,8 +452,10 @@ def test_a_fault_before_the_first_checkpoint_says_the_same_command_starts_afresh
     assert str(failure.value).endswith(
         "the last good checkpoint is none yet (the same command starts the run afresh)"
     )
-    started = tiny_config(*overrides, "collector.total_frames=1000")  # before the fault
-    assert train(started).frames == 1000
+    # As its resume command would: it starts again as it was set (not as the default preset).
+    again = load_config(None, [f"run_dir={tmp_path / 'run'}", "collector.total_frames=1000"])
+    assert again.network.hidden_sizes == [32, 32] and again.env.name == faulty_envs.NAN_AT_1100
+    assert train(again).frames == 1000  # (before the fault)
 
 
 def test_disk_full_during_a_save_keeps_the_previous_checkpoint(

@@ -37,7 +37,9 @@ def resolve_config(preset: str | None, overrides: list[str]) -> RunConfig:
     ``preset`` names a file in ``configs/`` or is the path of a YAML file (None: the default
     preset). When ``run_dir`` names a run that holds a checkpoint, the config saved in that
     run replaces the preset (the run resumes), and only keys declared ``on_resume`` may be
-    overridden; a preset given then must train the run's algorithm on its env. Every
+    overridden; a preset given then must train the run's algorithm on its env. A run that
+    stopped before its first checkpoint starts again from its saved config, with any key
+    overridden, unless a preset is given. Every
     mistake raises :class:`ConfigError` naming the file (and line) or the key."""
     given = conform(parse_overrides(overrides), RunConfig, "")
     if "run_dir" in given and not given["run_dir"]:
@@ -53,6 +55,10 @@ def resolve_config(preset: str | None, overrides: list[str]) -> RunConfig:
             refuse_another_preset(preset, given, saved)
         config = build(RunConfig, merge(dataclasses.asdict(saved), given))
         refuse_experiment_changes(saved, config)
+    elif preset is None and run_dir is not None and (Path(run_dir) / CONFIG_FILE).is_file():
+        # A run stopped before its first checkpoint starts again as it was set.
+        saved = read_run_config(Path(run_dir))
+        config = build(RunConfig, merge(dataclasses.asdict(saved), given))
     else:
         preset = preset or DEFAULT_PRESET
         preset_tree = conform(read_yaml(preset_file(preset)), RunConfig, "")
