@@ -58,6 +58,7 @@ def check_config(config: Config) -> None:
     check_ray(config)
     check_replay_service(config)
     check_rpc(config)
+    check_rendezvous_port(config)
     replay_checks.check_value_target(config)
     replay_checks.check_capacity(config)
     replay_checks.check_burn_in(config)
@@ -270,6 +271,27 @@ def check_rpc(config: Config) -> None:
             "rpc.sync=false is not accepted: TorchRL's asynchronous RPC collection applies a "
             "weight push while a worker acts, mixing weights within a batch; accepted: true"
         )
+
+
+def check_rendezvous_port(config: Config) -> None:
+    """A ``collector.port`` given is bound on this machine by the learner's rendezvous
+    (distributed, rpc), and the next two ports with it: each must be free here."""
+    port = config.collector.port
+    if port is None or config.collector.mode not in ("distributed", "rpc"):
+        return
+    if config.launcher != "local":  # the learner binds it where its job runs
+        return
+    for taken in (port, port + 1, port + 2):
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a rendezvous does
+            try:
+                probe.bind(("", taken))
+            except OSError as error:
+                raise ConfigError(
+                    f"collector.port={port}: port {taken}, which the learner binds, is in use "
+                    f"here ({error.strerror}): give another, or leave collector.port unset for "
+                    "a free one"
+                ) from None
 
 
 def machine_cpus() -> int:

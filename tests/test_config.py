@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
+import re
 import shutil
+import socket
 import subprocess
 import typing
 from collections.abc import Callable
@@ -63,6 +65,17 @@ def test_bad_input_exits_2_naming_the_key_and_creates_nothing(
     refused: Callable[..., str], args: list[str], named: str
 ) -> None:
     assert named in refused(*args)
+
+
+def test_a_rendezvous_port_in_use_here_is_refused_naming_it(refused: Callable[..., str]) -> None:
+    with socket.socket() as listening:  # another program's server on the next port
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1] - 1
+        error = refused("collector.mode=rpc", f"collector.port={port}")
+    # (port itself, named first if another program happens to hold it too, is refused alike)
+    assert re.match(rf"error: collector\.port={port}: port (?:{port}|{port + 1}), which the", error)
+    assert "is in use here" in error
 
 
 def test_the_command_line_refuses_in_one_line_before_any_work(tmp_path: Path) -> None:
