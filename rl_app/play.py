@@ -66,6 +66,18 @@ def run_config(run_dir: Path) -> Config:
         raise PlayError(str(error)) from None
 
 
+def trained(config: Config) -> str:
+    return f"{config.algo} on {config.env.name}, network.hidden_sizes={config.network.hidden_sizes}"
+
+
+def whose(checkpoint: Path) -> str | None:
+    """What the run a checkpoint was saved by trained, where its directory says."""
+    try:
+        return f"it was saved by a run of {trained(read_run_config(checkpoint.parent.parent))}"
+    except (OSError, ConfigError):
+        return None
+
+
 def resolve_checkpoint(run_dir: Path, checkpoint: str) -> Path:
     """``best`` (the one the run's ``best.json`` names), ``last`` (the newest that
     verifies), a checkpoint's name in the run, or a checkpoint directory's path."""
@@ -117,7 +129,10 @@ def load_policy(run_dir: str | Path, checkpoint: str = "best") -> TensorDictModu
     except CorruptCheckpoint as error:
         raise PlayError(f"checkpoint {path} cannot be played: {error}") from None
     except (CheckpointError, RuntimeError) as error:
-        raise PlayError(f"checkpoint {path} does not fit this run's policy: {error}") from None
+        raise PlayError(
+            f"checkpoint {path} does not fit this run's policy ({trained(config)}): "
+            f"{whose(path) or str(error).splitlines()[0]}"
+        ) from None
     return policy.eval()
 
 

@@ -269,7 +269,7 @@ def test_play_cli_prints_each_return_and_the_mean(dqn_run: Path) -> None:
 
 
 def test_bad_input_exits_2_with_one_line(
-    dqn_run: Path, tmp_path: Path, tiny_config, capsys: pytest.CaptureFixture
+    dqn_run: Path, sac_run: Path, tmp_path: Path, tiny_config, capsys: pytest.CaptureFixture
 ) -> None:
     no_checkpoint = tmp_path / "fresh"
     no_checkpoint.mkdir()
@@ -290,6 +290,10 @@ def test_bad_input_exits_2_with_one_line(
         (str(no_checkpoint),): "holds no checkpoint",
         (str(empty_config),): "config.yaml: holds no settings",
         (str(dqn_run), "--checkpoint", "checkpoint-nope"): "--checkpoint 'checkpoint-nope'",
+        (str(sac_run), "--checkpoint", str(recorded_best(dqn_run / "checkpoints"))): (
+            "does not fit this run's policy (sac on Pendulum-v1, network.hidden_sizes=[32, 32]): "
+            "it was saved by a run of dqn on"
+        ),
         (str(best_unreadable),): "is missing or unreadable): play --checkpoint last",
         (str(best_removed),): "is missing or damaged: play --checkpoint last",
         (str(dqn_run), "--episodes", "0"): "--episodes 0 is out of range",
