@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -209,8 +210,14 @@ def holds_checkpoint(run_dir: Path) -> bool:
 
 
 def check_run_dir(run_dir: Path) -> None:
-    """A run directory is new, empty, or a run (resumed, or restarted if it never saved)."""
+    """A run directory is new, empty, or a run (resumed, or restarted if it never saved), on
+    a file system that stores files."""
     refuse_a_file_in_the_way("run_dir", run_dir)
+    if shutil.disk_usage(nearest_existing(run_dir)).total == 0:  # /proc, /sys
+        raise ConfigError(
+            f"run_dir={str(run_dir)!r} is on a file system that stores no files "
+            f"({nearest_existing(run_dir)}): give a directory on a disk"
+        )
     if not run_dir.is_dir():
         return
     # Lock files alone are left by a run killed before it wrote its config.
