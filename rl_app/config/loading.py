@@ -141,7 +141,9 @@ def preset_file(preset: str) -> Path:
     """``configs/<preset>.yaml``, or ``preset`` itself when it is a path to a YAML file."""
     if preset.endswith((".yaml", ".yml")) or "/" in preset:
         if not Path(preset).is_file():
-            raise ConfigError(f"--config {preset}: no such file")
+            stem = Path(preset).stem
+            hint = f" (the preset: --config {stem})" if stem in available_presets() else ""
+            raise ConfigError(f"--config {preset}: no such file{hint}")
         return Path(preset)
     path = PRESETS_DIR / f"{preset}.yaml"
     if not path.is_file():
