@@ -306,8 +306,15 @@ RAY_CONNECT_TIMEOUT_S = 5.0
 def ray_cluster_cpus(address: str) -> float:
     """The CPUs of the Ray cluster at ``address`` (``host:port``), joined and left here."""
     host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ConfigError(f"ray.address={address!r} is not accepted: give host:port")
+    if "://" in address:  # ray://: a Ray Client's, whose actors run through a proxy
+        raise ConfigError(
+            f"ray.address={address!r} is not accepted: give the cluster's host:port (its GCS "
+            "address, as ray start --head prints it); Ray Client addresses are not supported"
+        )
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(
+            f"ray.address={address!r} is not accepted: give host:port, the port in [1, 65535]"
+        )
     try:
         socket.create_connection((host, int(port)), RAY_CONNECT_TIMEOUT_S).close()
     except OSError as error:

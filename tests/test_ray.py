@@ -412,6 +412,8 @@ def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path, mon
     ("args", "named"),
     [
         (["ray.address=127.0.0.1:{port}"], "ray.address='127.0.0.1:{port}' is unreachable"),
+        (["ray.address=ray://127.0.0.1:10001"], "Ray Client addresses are not supported"),
+        (["ray.address=127.0.0.1:99999"], "the port in [1, 65535]"),
         (
             [f"collector.workers={machine_cpus() + 1}", "ray.worker_cpus=1", "ray.sync=false"],
             "ray.worker_cpus",
@@ -430,6 +432,8 @@ def test_a_run_joins_a_running_cluster_and_leaves_it_running(tmp_path: Path, mon
     ],
     ids=[
         "unreachable_address",
+        "a_ray_client_address",
+        "a_port_out_of_range",
         "more_cpus_than_the_machine",
         "an_evaluation_actor_too",
         "actors_on_a_gpu",
