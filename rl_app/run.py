@@ -266,6 +266,12 @@ def train_locked(
     config: Config, run_dir: Path, on_eval: EvalHook | None, usr2_grace_s: float | None
 ) -> TrainResult:
     resume_from = find_resume_point(run_dir) if holds_checkpoint(run_dir) else None
+    trained = checkpoint_frames(resume_from) if resume_from is not None else 0
+    if trained > config.collector.total_frames:
+        raise ConfigError(
+            f"collector.total_frames={config.collector.total_frames} is below the {trained} "
+            f"frames this run has trained ({resume_from.name}): give at least {trained}"
+        )
     in_files = config.replay.device == "cpu" and config.replay.service == "none"
     replay_files = run_dir / REPLAY_DIR
     if resume_from is not None and in_files and not any(replay_files.rglob("*.memmap")):

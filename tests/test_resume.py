@@ -285,6 +285,15 @@ def test_a_metrics_row_cut_short_by_a_kill_is_dropped_on_resume(tiny_config) -> 
 # -- resume rules --------------------------------------------------------------------------
 
 
+def test_a_resume_below_the_frames_trained_is_refused(tiny_config, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    train(tiny_config("collector.total_frames=400", run_dir=run_dir))
+    shorter = load_config(None, [f"run_dir={run_dir}", "collector.total_frames=200"])
+    below = r"collector.total_frames=200 is below the 400 frames this run has trained"
+    with pytest.raises(ConfigError, match=rf"^{below} \(checkpoint-000000000400\): give at"):
+        train(shorter)
+
+
 def test_resume_refuses_experiment_changes_and_allows_budget_changes(
     tiny_config, tmp_path: Path
 ) -> None:
