@@ -96,6 +96,14 @@ def make_writable_directory(directory: Path, key: str) -> None:
             ) from None
 
 
+def make_writable_file(path: Path, key: str) -> None:
+    """Refuse, with :class:`ConfigError` naming ``key``, a file's ``path`` where a directory
+    stands, or whose folder cannot be made and written (:func:`make_writable_directory`)."""
+    if path.is_dir():
+        raise ConfigError(f"{key} {str(path)!r} is a directory: give a file")
+    make_writable_directory(path.parent, key)
+
+
 def acquire(run_dir: Path, wait_s: float) -> FileLock:
     """``run_dir``'s lock, held (the directory is created if needed); :class:`RunDirBusy`
     if another process keeps it longer than ``wait_s`` seconds or the file system cannot

@@ -16,7 +16,7 @@ from tools.golden import main
         (["check", "{tmp}/missing.json"], "{tmp}/missing.json cannot be read: No such file"),
         (["check", "{tmp}/a-file"], "{tmp}/a-file is not a golden record"),
         (["check", "{tmp}/record.json", "--presets", "dqn_atari"], "records no dqn_atari"),
-        (["record", "{tmp}"], "{tmp} is a directory: give a file"),
+        (["record", "{tmp}"], "file '{tmp}' is a directory: give a file"),
         (["record", "{tmp}/a-file/golden.json"], "file '{tmp}/a-file' cannot be made"),
     ],
 )

@@ -18,7 +18,7 @@ from rl_app.checks import load_config
 from rl_app.config import ConfigError
 from rl_app.logger import read_metrics
 from rl_app.run import train
-from rl_app.runlock import make_writable_directory
+from rl_app.runlock import make_writable_file
 
 SHORT_RUN = [
     "collector.total_frames=1600",
@@ -60,11 +60,11 @@ def golden_rows(preset: str, overrides: list[str], runs: Path) -> list[dict[str,
 def checked_file(action: str, file: Path, presets: list[str]) -> dict[str, Any]:
     """The rows ``file`` records (none to record), or :class:`ConfigError` where it cannot be
     written, read, or lacks one of ``presets``."""
+    if action == "record":
+        make_writable_file(file, "file")
+        return {}
     if file.is_dir():
         raise ConfigError(f"{file} is a directory: give a file")
-    if action == "record":
-        make_writable_directory(file.parent, "file")
-        return {}
     try:
         recorded = json.loads(file.read_text())
     except OSError as error:

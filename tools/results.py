@@ -47,7 +47,7 @@ from rl_app.envs import make_env
 from rl_app.evaluation import play_episodes
 from rl_app.loop import RunFailed
 from rl_app.run import train
-from rl_app.runlock import make_writable_directory
+from rl_app.runlock import make_writable_file
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -422,9 +422,7 @@ def check_outputs(args: argparse.Namespace) -> None:
         ("--store", args.store), ("--figure", args.figure)
     ]  # fmt: skip
     for flag, path in stores:
-        if path.is_dir():
-            raise ConfigError(f"{flag} {str(path)!r} is a directory: give a file")
-        make_writable_directory(path.parent, flag)
+        make_writable_file(path, flag)
         if flag != "--figure" and path.is_file():
             try:
                 json.loads(path.read_text())

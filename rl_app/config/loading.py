@@ -215,10 +215,11 @@ def check_run_dir(run_dir: Path) -> None:
     """A run directory is new, empty, or a run (resumed, or restarted if it never saved), on
     a file system that stores files."""
     refuse_a_file_in_the_way("run_dir", run_dir)
-    if shutil.disk_usage(nearest_existing(run_dir)).total == 0:  # /proc, /sys
+    existing = nearest_existing(run_dir)
+    if shutil.disk_usage(existing).total == 0:  # /proc, /sys
         raise ConfigError(
-            f"run_dir={str(run_dir)!r} is on a file system that stores no files "
-            f"({nearest_existing(run_dir)}): give a directory on a disk"
+            f"run_dir={str(run_dir)!r} is on a file system that stores no files ({existing}): "
+            "give a directory on a disk"
         )
     if not run_dir.is_dir():
         return
