@@ -12,8 +12,23 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
+import signal
 import sys
 from pathlib import Path
+
+
+def stopped_before_training(signum: int, frame: object) -> None:
+    """SIGTERM or SIGUSR2 before the run installs its own handlers (the loop saves then):
+    say so, then end as the signal ends a process."""
+    os.write(2, f"stopped by {signal.Signals(signum).name} before training started\n".encode())
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+if __name__ == "__main__":  # before torch's seconds of imports
+    for signum in (signal.SIGTERM, signal.SIGUSR2):
+        signal.signal(signum, stopped_before_training)
 
 try:  # seconds of torch's imports: a Ctrl-C during them ends the command quietly
     from rl_app.checks import describe_settings, load_config

@@ -256,7 +256,16 @@ def test_a_second_ctrl_c_stops_at_once_with_the_resume_command_and_no_traceback(
     choose_checkpoint(run_dir / "checkpoints")  # the last good one verifies
 
 
-def test_a_ctrl_c_while_torch_is_imported_ends_the_command_quietly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("signum", "returncode", "said"),
+    [
+        (signal.SIGINT, 130, ""),
+        (signal.SIGTERM, -signal.SIGTERM, "stopped by SIGTERM before training started\n"),
+    ],
+)
+def test_a_stop_while_torch_is_imported_ends_the_command_quietly(
+    tmp_path: Path, signum: int, returncode: int, said: str
+) -> None:
     run_dir = tmp_path / "run"
     process = subprocess.Popen(  # -X importtime: a line on stderr as each module is imported
         [PYTHON, "-X", "importtime", str(TRAIN_PY), *TINY_RUN, f"run_dir={run_dir}"],
@@ -266,10 +275,13 @@ def test_a_ctrl_c_while_torch_is_imported_ends_the_command_quietly(tmp_path: Pat
     while line.rpartition("|")[2].strip() != "torch":  # tensordict's and TorchRL's to come
         line = process.stderr.readline()
         assert line, "train.py ended before it had imported torch"
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     stdout, rest = process.communicate(timeout=120)
-    assert process.returncode == 130, rest
+    assert process.returncode == returncode, rest
     assert "Traceback" not in stdout + rest and not run_dir.exists()
+    assert [line for line in rest.splitlines(True) if "import time:" not in line] == (
+        [said] if said else []
+    )
 
 
 def test_a_metrics_row_cut_short_by_a_kill_is_dropped_on_resume(tiny_config) -> None:
