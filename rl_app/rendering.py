@@ -9,9 +9,10 @@ import os
 import tempfile
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 from torchrl.render.video import encode_video
+
+from rl_app.envs import make_gym
 
 RENDER_MODE = "rgb_array"  # frames as arrays: no display needed
 # pygame (classic-control rendering) would otherwise look for a display and a sound card
@@ -23,13 +24,12 @@ os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
 def render_problem(env_name: str) -> str | None:
     """Why ``env_name`` cannot be rendered to arrays here (None if it can): one reset and
     one rendered frame of a Gymnasium env, no TorchRL env."""
-    env_id = env_name.split(":")[-1]
-    plain = gym.make(env_id)
+    plain = make_gym(env_name)
     plain.close()
     if RENDER_MODE not in plain.metadata.get("render_modes", []):
         return f"{env_name} does not render {RENDER_MODE!r} frames"
     try:
-        probe = gym.make(env_id, render_mode=RENDER_MODE)
+        probe = make_gym(env_name, render_mode=RENDER_MODE)
     except Exception as error:  # Gymnasium raises various errors for unsupported modes
         return f"{env_name} cannot be made with render_mode={RENDER_MODE!r} ({error})"
     try:

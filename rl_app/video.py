@@ -19,6 +19,7 @@ from torchrl.record.loggers import Logger
 from torchrl.render import RenderConfig, RenderResult, write_render_artifact
 
 from rl_app.config import Config
+from rl_app.envs import make_gym
 from rl_app.evaluation import evaluation_env, no_stop
 from rl_app.rendering import RENDER_MODE, mp4_problem
 
@@ -27,7 +28,7 @@ VIDEO_TAG = "eval/video"
 
 def render_fps(env_name: str) -> int:
     """The frame rate the env is meant to be watched at."""
-    probe = gym.make(env_name.split(":")[-1])
+    probe = make_gym(env_name)
     probe.close()
     return int(probe.metadata.get("render_fps", 30))
 

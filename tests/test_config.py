@@ -4,6 +4,7 @@ with one line that names the key, before anything is created."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pickle
 import re
 import shutil
@@ -19,6 +20,7 @@ import yaml
 from rl_app.algorithms import ALGORITHMS, algorithm_class, available_algorithms
 from rl_app.checks import load_config
 from rl_app.config import Config, DQNConfig, RunConfig, SACConfig, TD3Config
+from rl_app.envs import make_gym
 from rl_app.run import train
 from tests.helpers import PYTHON, ROOT, TINY_RUN, refusal, run_train
 
@@ -90,6 +92,23 @@ def test_the_command_line_refuses_in_one_line_before_any_work(tmp_path: Path) ->
 def test_an_atari_game_refused_is_one_line_without_the_emulator_s_banner(tmp_path: Path) -> None:
     error = refusal(run_train(tmp_path, "env.name=ALE/Pong-v5"), tmp_path)
     assert "ALE/Pong-v5 has discrete actions: use algo=dqn" in error
+
+
+def test_a_mujoco_env_refused_is_one_line_without_mujoco_s_warnings_or_log_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Refused once the env was made: one line on stderr (MuJoCo's C code printed there
+    # too) and no file in the working directory (MuJoCo wrote MUJOCO_LOG.TXT).
+    args = ("--config", "sac_halfcheetah", "env.observation_indices=[17]")
+    assert "env.observation_indices=[17] is out of range" in refusal(
+        run_train(tmp_path, *args), tmp_path
+    )
+    caplog.set_level(logging.DEBUG, logger="mujoco")
+    make_gym("HalfCheetah-v5").close()
+    # Its model uses an attribute MuJoCo deprecates: news to no user, logged at debug.
+    assert [(r.levelno, "is deprecated" in r.message) for r in caplog.records] == [
+        (logging.DEBUG, True)
+    ]
 
 
 def test_out_of_range_message_says_what_is_accepted(refused: Callable[..., str]) -> None:

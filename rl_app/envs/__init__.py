@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -168,6 +169,26 @@ class FlagReader(BaseInfoDictReader):
         return Composite({name: flag.clone() for name in self.flags}, shape=self.batch_size)
 
 
+def make_gym(env_name: str, **kwargs: Any) -> gym.Env:
+    """``gym.make`` of ``env.name`` (``module:id`` imports ``module``, which registers
+    ``id``). A MuJoCo env's warnings go to the ``mujoco`` logger, not to stdout and a
+    MUJOCO_LOG.TXT in the working directory."""
+    module, _, env_id = env_name.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    if "mujoco" in str(gym.spec(env_id).entry_point).lower():
+        import mujoco
+
+        mujoco.set_mju_user_warning(log_mujoco_warning)
+    return gym.make(env_id, **kwargs)
+
+
+def log_mujoco_warning(message: str) -> None:
+    # A deprecation in the model files Gymnasium ships is nothing a user can act on.
+    level = logging.DEBUG if " is deprecated" in message else logging.WARNING
+    logging.getLogger("mujoco").log(level, message)
+
+
 def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
     """The Gymnasium env ``env.name`` (an Atari game preprocessed as :func:`make_atari_env`
     says), observing ``env.observation_indices`` if set, its episodes cut at
@@ -177,7 +198,7 @@ def make_gym_env(env: EnvConfig, render_mode: str | None = None) -> gym.Env:
 
         gym_env = make_atari_env(env, render_mode)
     else:
-        gym_env = gym.make(env.name, render_mode=render_mode)
+        gym_env = make_gym(env.name, render_mode=render_mode)
     if env.observation_indices is not None:
         gym_env = ObservationIndices(gym_env, env.observation_indices)
     if env.max_episode_steps is not None:

@@ -10,7 +10,7 @@ import importlib
 import gymnasium as gym
 
 from rl_app.config import Config, ConfigError, EnvConfig
-from rl_app.envs import is_registered
+from rl_app.envs import is_registered, make_gym
 
 # What hindsight relabelling reads of a goal env, as gymnasium-robotics' GoalEnv offers it:
 # its dict observation's entries, and the reward and termination of any goal.
@@ -40,7 +40,7 @@ def check_spaces(env: EnvConfig) -> str:
     env takes, ``"discrete"`` or ``"continuous"`` (what an algorithm declares it takes)."""
     env_name = env.name
     try:
-        probe = gym.make(env_name)
+        probe = make_gym(env_name)
     except Exception as error:  # a missing optional dependency, a broken env module
         raise ConfigError(f"env.name={env_name!r} cannot be built: {error}") from None
     actions = "discrete" if isinstance(probe.action_space, gym.spaces.Discrete) else "continuous"
@@ -78,7 +78,7 @@ def check_goal_env(config: Config) -> None:
 def goal_env_problem(env_name: str) -> str | None:
     """What ``env_name`` lacks of a goal env (:data:`GOAL_KEYS`, :data:`GOAL_FUNCTIONS`),
     or None."""
-    probe = gym.make(env_name)
+    probe = make_gym(env_name)
     space, unwrapped = probe.observation_space, probe.unwrapped
     probe.close()
     observed = space.spaces if isinstance(space, gym.spaces.Dict) else {}
