@@ -301,6 +301,10 @@ def machine_cpus() -> int:
 
 # How long a Ray cluster's address is given to answer.
 RAY_CONNECT_TIMEOUT_S = 5.0
+# What a gRPC client sends first (HTTP/2's preface and an empty SETTINGS frame), and the
+# type of the frame a gRPC server, as Ray's GCS is, answers with (SETTINGS).
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes(3) + b"\x04" + bytes(5)
+HTTP2_SETTINGS = 4
 
 
 def ray_cluster_cpus(address: str) -> float:
@@ -316,12 +320,19 @@ def ray_cluster_cpus(address: str) -> float:
             f"ray.address={address!r} is not accepted: give host:port, the port in [1, 65535]"
         )
     try:
-        socket.create_connection((host, int(port)), RAY_CONNECT_TIMEOUT_S).close()
+        connection = socket.create_connection((host, int(port)), RAY_CONNECT_TIMEOUT_S)
     except OSError as error:
         raise ConfigError(
             f"ray.address={address!r} is unreachable ({error.strerror or error}): start the "
             "cluster (ray start --head) or unset ray.address to start a local Ray"
         ) from None
+    with connection:  # another server there would keep Ray's connect retrying for ever
+        if not answers_grpc(connection):
+            raise ConfigError(
+                f"ray.address={address!r} answers, but not as a Ray cluster: give the "
+                "address ray start --head prints (its GCS port, 6379 by default, not the "
+                "dashboard's)"
+            )
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -332,6 +343,18 @@ def ray_cluster_cpus(address: str) -> float:
         return ray.cluster_resources().get("CPU", 0.0)
     finally:
         ray.shutdown()
+
+
+def answers_grpc(connection: socket.socket) -> bool:
+    """Whether the server at the other end of ``connection`` speaks HTTP/2, as gRPC does:
+    it answers a client's preface with its SETTINGS frame."""
+    try:
+        connection.sendall(HTTP2_PREFACE)
+        with connection.makefile("rb") as reader:
+            header = reader.read(9)  # a frame header: its length, type, flags, stream
+    except OSError:  # no answer in time, or the connection dropped
+        return False
+    return len(header) == 9 and header[3] == HTTP2_SETTINGS
 
 
 def check_video(config: Config) -> None:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import copy
 import glob
+import http.server
 import os
 import re
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -446,6 +448,24 @@ def test_what_ray_cannot_run_is_refused_before_anything_is_created(
     args = [arg.format(port=port) for arg in args]
     error = refused(*TINY_RUN, *RAY_RUN, f"run_dir={tmp_path / 'run'}", *args)
     assert named.format(port=port) in error
+
+
+def test_an_address_that_answers_but_not_as_ray_is_refused_at_once(
+    refused: Callable[..., str], tmp_path: Path
+) -> None:
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:  # its log would be train.py's stderr
+            pass
+
+    # A web server, as Ray's dashboard is: Ray's own connect would retry it for ever.
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet) as web:
+        threading.Thread(target=web.serve_forever, daemon=True).start()
+        port = web.server_address[1]
+        error = refused(
+            *TINY_RUN, *RAY_RUN, f"run_dir={tmp_path / 'run'}", f"ray.address=127.0.0.1:{port}"
+        )
+        web.shutdown()
+    assert f"ray.address='127.0.0.1:{port}' answers, but not as a Ray cluster" in error
 
 
 # Runs train.py where Python's path finder finds no module ``ray``, as on a machine without it.
