@@ -20,9 +20,9 @@ import yaml
 from rl_app.algorithms import ALGORITHMS, algorithm_class, available_algorithms
 from rl_app.checks import load_config
 from rl_app.config import Config, DQNConfig, RunConfig, SACConfig, TD3Config
-from rl_app.envs import make_gym
 from rl_app.run import train
 from tests.helpers import PYTHON, ROOT, TINY_RUN, refusal, run_train
+from train import main
 
 
 @pytest.mark.parametrize(
@@ -95,16 +95,19 @@ def test_an_atari_game_refused_is_one_line_without_the_emulator_s_banner(tmp_pat
 
 
 def test_a_mujoco_env_refused_is_one_line_without_mujoco_s_warnings_or_log_file(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capfd: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    # Refused once the env was made: one line on stderr (MuJoCo's C code printed there
-    # too) and no file in the working directory (MuJoCo wrote MUJOCO_LOG.TXT).
-    args = ("--config", "sac_halfcheetah", "env.observation_indices=[17]")
-    assert "env.observation_indices=[17] is out of range" in refusal(
-        run_train(tmp_path, *args), tmp_path
-    )
     caplog.set_level(logging.DEBUG, logger="mujoco")
-    make_gym("HalfCheetah-v5").close()
+    monkeypatch.chdir(tmp_path)
+    # Refused once the env was made: one line on stderr, where MuJoCo's C code printed too
+    # (capfd reads the file descriptors), and no MUJOCO_LOG.TXT in the working directory.
+    code = main(["--config", "sac_halfcheetah", "env.observation_indices=[17]"])
+    printed = capfd.readouterr()
+    refused = refusal(subprocess.CompletedProcess([], code, printed.out, printed.err), tmp_path)
+    assert "env.observation_indices=[17] is out of range" in refused
     # Its model uses an attribute MuJoCo deprecates: news to no user, logged at debug.
     assert [(r.levelno, "is deprecated" in r.message) for r in caplog.records] == [
         (logging.DEBUG, True)
