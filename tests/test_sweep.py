@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import subprocess
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,12 @@ import optuna
 import pytest
 import yaml
 
+import rl_app.sweep
 from rl_app.checks import load_config
 from rl_app.logger import read_metrics
 from rl_app.run import train
 from rl_app.sweep.__main__ import main
-from rl_app.sweep.spec import JOURNAL_FILE, load_sweep
+from rl_app.sweep.spec import JOURNAL_FILE, checked_values, load_sweep
 from rl_app.sweep.study import claim_next, open_study, run_trial
 from tests.helpers import PYTHON, ROOT, TINY_RUN, wait_for
 
@@ -186,6 +188,32 @@ def test_a_killed_worker_s_trial_resumes_and_two_workers_end_the_sweep_with_its_
     assert rows[0].split(",")[:2] == ["number", "state"] and len(rows) == 3
     again = subprocess.run([*command, "--summary"], cwd=ROOT, capture_output=True, text=True)
     assert again.returncode == 0 and "summary.md" in again.stdout
+
+
+def documented_sweeps() -> dict[str, dict[str, Any]]:
+    """The sweep files docs/sweeps.md and the package's docstring show, run locally."""
+    shown = {
+        "docs/sweeps.md": (ROOT / "docs" / "sweeps.md").read_text().split("```yaml\n")[1],
+        "rl_app.sweep": rl_app.sweep.__doc__.split("::\n\n")[1].split("\n\n")[0],
+    }
+    trees = {
+        where: yaml.safe_load(textwrap.dedent(text.split("```")[0]))
+        for where, text in shown.items()
+    }
+    return {where: {**tree, "launcher": "local", "slurm": None} for where, tree in trees.items()}
+
+
+@pytest.mark.parametrize("where", ["docs/sweeps.md", "rl_app.sweep"])
+def test_the_sweep_files_the_docs_show_are_valid(tmp_path: Path, where: str) -> None:
+    tree = documented_sweeps()[where]
+    sweep = load_sweep(write_sweep(tmp_path, **{**tree, "sweep_dir": str(tmp_path / "sweep")}))
+    assert sweep.settings.preset == "dqn_cartpole"
+
+
+def test_a_range_of_billions_of_values_is_checked_at_its_ends_only(tmp_path: Path) -> None:
+    # Every value of a range up to 64 long is checked; a longer one's list was built first.
+    sweep = load_sweep(write_sweep(tmp_path, space={"seed": {"low": 0, "high": 2**32 - 1}}))
+    assert checked_values(sweep.space["seed"]) == [0, 2**32 - 1]
 
 
 def test_the_worked_example_in_the_readme_is_a_valid_sweep() -> None:

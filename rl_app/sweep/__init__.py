@@ -8,7 +8,7 @@ own key names, and how many trials to run::
     space:
       optim.lr: {low: 1.0e-4, high: 1.0e-3, log: true}
       optim.gamma: {choices: [0.99, 0.995]}
-      replay.slice_len: {low: 4, high: 16, step: 4}
+      replay.slice_len: {choices: [4, 8, 16]}
     objective: last        # a trial's value: its last or best evaluation return (maximized)
     trials: 20
     jobs: 2                # worker processes, each training one trial at a time

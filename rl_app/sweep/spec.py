@@ -249,9 +249,9 @@ def checked_values(dist: BaseDistribution) -> list[Any]:
     if isinstance(dist, CategoricalDistribution):
         return list(dist.choices)
     if isinstance(dist, IntDistribution) and not dist.log:
-        values = list(range(dist.low, dist.high + 1, dist.step))
+        values = range(dist.low, dist.high + 1, dist.step)  # its length known before a list
         if len(values) <= CHECKED_VALUES:
-            return values
+            return list(values)
     return [dist.low, dist.high]
 
 
