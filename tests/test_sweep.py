@@ -71,6 +71,7 @@ def write_sweep(tmp_path: Path, **changes: Any) -> Path:
         # 10 does not divide optim.batch_size=48: found before the sweep starts.
         ({"space": {"replay.slice_len": {"choices": [8, 10]}}}, "space.replay.slice_len=10"),
         ({"overrides": ["run_dir=x"]}, "the sweep sets run_dir"),
+        ({"sweep_dir": "/proc/sweep"}, "sweep_dir '/proc/sweep' cannot be written: No such"),
         # A worker trains its trials in one process, which runs one RPC collector.
         ({"overrides": [*TINY_DQN, "collector.mode=rpc"]}, "collector.mode='rpc' is not accepted"),
         ({"space": {"collector.mode": {"choices": ["sync", "rpc"]}}}, "space.collector.mode='rpc'"),
@@ -102,6 +103,13 @@ def test_a_sweep_dir_continues_only_its_own_sweep(tmp_path: Path) -> None:
         load_sweep(write_sweep(tmp_path, space={**SPACE, "optim.lr": {"low": 1e-4, "high": 1e-2}}))
     with pytest.raises(ValueError, match=r"; preset differs\)"):
         load_sweep(write_sweep(tmp_path, preset="rdqn_cartpole_masked"))
+    # Its study without its sweep file (deleted), or a run directory, is no sweep's.
+    (sweep.dir / "sweep.yaml").unlink()
+    for other in (JOURNAL_FILE, "metrics.jsonl"):
+        (sweep.dir / other).write_text("")
+        with pytest.raises(ValueError, match=r"holds other files and no sweep.yaml: give a new"):
+            load_sweep(write_sweep(tmp_path))
+        (sweep.dir / other).unlink()
 
 
 def test_a_sweep_dir_that_is_a_file_is_refused(

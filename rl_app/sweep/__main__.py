@@ -42,13 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.worker:
         return work(sweep, args.sweep_file)
-    if sweep.settings.launcher == "slurm":
-        try:
+    try:  # what the cluster refuses, or a sweep_dir that cannot be written
+        if sweep.settings.launcher == "slurm":
             return submit_to_slurm(sweep, args.sweep_file)
-        except ConfigError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
-    return run_sweep(sweep, args.sweep_file)
+        return run_sweep(sweep, args.sweep_file)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

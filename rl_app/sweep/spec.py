@@ -281,9 +281,15 @@ def check_sweepable(config: Config) -> None:
 
 def refuse_other_sweep(sweep: Sweep) -> None:
     """A sweep directory continues the sweep it was started with; only ``trials``,
-    ``jobs``, ``launcher`` and ``slurm`` may change."""
+    ``jobs``, ``launcher`` and ``slurm`` may change. A folder of other files (a run, a
+    sweep whose file is gone) is no sweep's."""
     saved = sweep.dir / SWEEP_FILE
     if not saved.is_file():
+        if sweep.dir.is_dir() and any(sweep.dir.iterdir()):
+            raise ConfigError(
+                f"sweep_dir={str(sweep.dir)!r} holds other files and no {SWEEP_FILE}: give a "
+                "new or empty directory"
+            )
         return
     before, after = (
         flatten_definition(saved_definition(saved)),

@@ -15,7 +15,7 @@ from optuna.trial import Trial, TrialState
 
 from rl_app.checks import load_config
 from rl_app.config import ConfigError
-from rl_app.runlock import RunDirBusy, acquire
+from rl_app.runlock import RunDirBusy, acquire, make_writable_directory
 from rl_app.sweep.spec import (
     CLAIM_LOCK,
     CLAIMS_DIR,
@@ -61,8 +61,9 @@ def make_pruner(settings: SweepSettings) -> optuna.pruners.BasePruner:
 
 
 def prepare_sweep_dir(sweep: Sweep, source: Path) -> None:
-    """The sweep directory with a copy of its sweep file and the study (both kept on a re-run)."""
-    sweep.dir.mkdir(parents=True, exist_ok=True)
+    """The sweep directory with a copy of its sweep file and the study (both kept on a re-run);
+    :class:`ConfigError` if it cannot be made and written."""
+    make_writable_directory(sweep.dir, "sweep_dir")
     if not (sweep.dir / SWEEP_FILE).exists():
         (sweep.dir / SWEEP_FILE).write_text(source.read_text())
     open_study(sweep)
