@@ -96,6 +96,14 @@ def prepare_run_dir(run_dir: Path, resuming: bool) -> None:
         raise RunFailed(f"run_dir {run_dir} is not writable: {error.strerror}") from None
     if resuming:
         return
+    metrics = run_dir / METRICS_FILE
+    if metrics.is_file() and (rows := metrics.read_text().count("\n")):  # (checkpoints deleted?)
+        log.warning(
+            "%s holds no checkpoint: training starts again from frame 0, replacing the %d "
+            "metrics rows logged there before",
+            run_dir,
+            rows,
+        )
     stale = (REPLAY_DIR, JOURNAL_DIR, METRICS_FILE, CURVE_FILE, LOGS_DIR, CHECKPOINTS_DIR)
     for path in (run_dir / name for name in stale):
         if path.is_dir():  # empty it but keep it: it may be a mount point of its own

@@ -284,6 +284,20 @@ def test_a_stop_while_torch_is_imported_ends_the_command_quietly(
     )
 
 
+def test_a_run_whose_checkpoints_are_gone_says_it_starts_again_from_frame_0(
+    tiny_config, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = tiny_config("collector.total_frames=400")
+    train(config)
+    shutil.rmtree(Path(config.run_dir) / "checkpoints")  # deleted to free the disk, say
+    train(load_config(None, [f"run_dir={config.run_dir}", "collector.total_frames=600"]))
+    assert (
+        f"{config.run_dir} holds no checkpoint: training starts again from frame 0, "
+        "replacing the 2 metrics rows logged there before" in caplog.text
+    )
+    assert [row["frames"] for row in read_metrics(Path(config.run_dir))] == [200, 400, 600]
+
+
 def test_a_metrics_row_cut_short_by_a_kill_is_dropped_on_resume(tiny_config) -> None:
     config = tiny_config("collector.total_frames=600", "eval.interval_frames=400")
     train(config)
