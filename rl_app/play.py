@@ -87,9 +87,12 @@ def resolve_checkpoint(run_dir: Path, checkpoint: str) -> Path:
     if checkpoint == "best":
         best = recorded_best(directory)
         if best is None:
+            index = directory / BEST_INDEX
+            why = (
+                "is unreadable" if index.exists() else "is missing: a run writes it as it evaluates"
+            )
             raise PlayError(
-                f"{str(run_dir)!r} names no best checkpoint ({directory / BEST_INDEX} is "
-                "missing or unreadable): play --checkpoint last"
+                f"{str(run_dir)!r} names no best checkpoint ({index} {why}): play --checkpoint last"
             )
         if not Checkpoint.is_checkpoint(best):
             raise PlayError(

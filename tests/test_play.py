@@ -278,9 +278,10 @@ def test_bad_input_exits_2_with_one_line(
     a_file.write_text("")
     a_folder.mkdir()
     best_unreadable, best_removed = tmp_path / "best-unreadable", tmp_path / "best-removed"
-    empty_config = tmp_path / "empty-config"
-    for copy in (best_unreadable, best_removed, empty_config):
+    empty_config, not_evaluated = tmp_path / "empty-config", tmp_path / "not-evaluated"
+    for copy in (best_unreadable, best_removed, empty_config, not_evaluated):
         shutil.copytree(dqn_run, copy)
+    (not_evaluated / "checkpoints" / BEST_INDEX).unlink()  # as before its first evaluation
     (empty_config / "config.yaml").write_text("")
     (best_unreadable / "checkpoints" / BEST_INDEX).write_text("{not json")
     shutil.rmtree(recorded_best(best_removed / "checkpoints"))
@@ -294,7 +295,8 @@ def test_bad_input_exits_2_with_one_line(
             "does not fit this run's policy (sac on Pendulum-v1, network.hidden_sizes=[32, 32]): "
             "it was saved by a run of dqn on"
         ),
-        (str(best_unreadable),): "is missing or unreadable): play --checkpoint last",
+        (str(best_unreadable),): "best.json is unreadable): play --checkpoint last",
+        (str(not_evaluated),): "is missing: a run writes it as it evaluates): play --checkpoint",
         (str(best_removed),): "is missing or damaged: play --checkpoint last",
         (str(dqn_run), "--episodes", "0"): "--episodes 0 is out of range",
         (str(dqn_run), "--seed", "-5"): "--seed -5 is out of range: it must be in [0, ",

@@ -93,6 +93,14 @@ def test_a_mistake_is_one_line_exit_2_and_creates_nothing(
     assert not (tmp_path / "sweep").exists()
 
 
+def test_the_help_lists_the_keys_a_sweep_file_takes(capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    keys = re.findall(r"^  ([\w.]+)  \(", capsys.readouterr().out, re.MULTILINE)
+    assert {"preset", "trials", "slurm.profile", "overrides", "space"} <= set(keys)
+    assert "slurm.array" not in keys  # refused: jobs says how many worker jobs run
+
+
 def test_a_sweep_dir_continues_only_its_own_sweep(tmp_path: Path) -> None:
     sweep = load_sweep(write_sweep(tmp_path))
     sweep.dir.mkdir()

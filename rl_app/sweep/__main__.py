@@ -17,7 +17,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         prog="python -m rl_app.sweep",
         description="Run a hyperparameter sweep (continues it if its sweep_dir holds one).",
         epilog="sweep file keys:\n"
-        + "\n".join(f"  {key}  ({meta['doc']})" for key, _, meta in settings_of(SweepSettings))
+        + "\n".join(
+            f"  {key}  ({meta['doc']})"
+            for key, _, meta in settings_of(SweepSettings)
+            if key != "slurm.array"  # jobs says how many worker jobs run
+        )
         + "\n  overrides  (key=value settings of every trial)"
         + "\n  space  (key: {low, high, log, step} or {choices: [...]}, per setting)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
