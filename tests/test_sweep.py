@@ -22,6 +22,7 @@ from rl_app.run import train
 from rl_app.sweep.__main__ import main
 from rl_app.sweep.spec import JOURNAL_FILE, checked_values, load_sweep
 from rl_app.sweep.study import claim_next, open_study, run_trial
+from rl_app.sweep.summary import failed_trials
 from tests.helpers import PYTHON, ROOT, TINY_RUN, wait_for
 
 # optim.batch_size=48: a multiple of every replay.slice_len in SPACE.
@@ -143,6 +144,23 @@ def test_a_stop_asked_after_an_evaluation_stops_at_that_boundary_with_a_checkpoi
     result = train(config, on_eval=prune_at_first)
     assert seen == [400] and result.frames == 400 and result.stopped_by == "pruned"
     assert int(result.last_checkpoint.name.split("-")[1]) == 400
+
+
+def test_a_trial_whose_values_make_no_valid_run_together_fails_naming_why(tmp_path: Path) -> None:
+    space = {"replay.slice_len": {"choices": [8, 16]}, "optim.batch_size": {"choices": [48, 40]}}
+    sweep = load_sweep(write_sweep(tmp_path, space=space))  # each value alone is valid
+    sweep.dir.mkdir()
+    study = open_study(sweep)
+    study.enqueue_trial({"replay.slice_len": 16, "optim.batch_size": 40})
+    trial, claim = claim_next(study, sweep)
+    try:
+        assert run_trial(study, trial, sweep) is None
+    finally:
+        claim.release()
+    assert failed_trials(sweep) == [
+        "trial 0 failed: optim.batch_size=40 is not accepted: with a slice sampler it must be "
+        "a multiple of replay.slice_len=16"
+    ]
 
 
 @pytest.mark.parametrize("objective", ["last", "best"])

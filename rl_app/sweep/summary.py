@@ -57,6 +57,14 @@ def write_summary(sweep: Sweep) -> Path:
     return sweep.dir / SUMMARY_FILE
 
 
+def failed_trials(sweep: Sweep) -> list[str]:
+    """Each failed trial of the sweep, and why, in words."""
+    failed = open_study(sweep).get_trials(deepcopy=False, states=(TrialState.FAIL,))
+    return [
+        f"trial {t.number} failed: {t.user_attrs.get('error', '(see its log)')}" for t in failed
+    ]
+
+
 def table_columns(sweep: Sweep) -> list[str]:
     return ["number", "state", *sweep.space, "objective", "frames", "run_dir"]
 
