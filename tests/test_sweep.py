@@ -69,6 +69,7 @@ def write_sweep(tmp_path: Path, **changes: Any) -> Path:
         ({"space": {"replay.slice_len": {"low": 4, "high": 16, "step": 5}}}, "divide"),
         ({"space": {"dqn.loss": {"choices": ["l2", "l3"]}}}, "choose one of l2, smooth_l1"),
         ({"space": {"network.hidden_sizes": {"choices": [1, 2]}}}, "list setting"),
+        ({"space": {"sac.tau": {"low": 0.001, "high": 0.01}}}, "space.sac.tau changes no trial"),
         # 10 does not divide optim.batch_size=48: found before the sweep starts.
         ({"space": {"replay.slice_len": {"choices": [8, 10]}}}, "space.replay.slice_len=10"),
         ({"overrides": ["run_dir=x"]}, "the sweep sets run_dir"),

@@ -18,6 +18,7 @@ from optuna.distributions import (
     IntDistribution,
 )
 
+from rl_app.algorithms import ALGORITHMS
 from rl_app.checks import load_config
 from rl_app.config import (
     DEFAULT_PRESET,
@@ -259,7 +260,15 @@ def check_trial_configs(sweep: Sweep) -> None:
     """The preset with the overrides, and with each checked value of each dimension, must
     make a valid config: a mistake is found now, not in the middle of the sweep."""
     fixed = fixed_overrides(sweep)
-    check_sweepable(load_config(sweep.settings.preset, fixed))
+    base = load_config(sweep.settings.preset, fixed)
+    check_sweepable(base)
+    trained = set(sweep.space["algo"].choices) if "algo" in sweep.space else {base.algo}
+    for key in sweep.space:  # a group of settings no trial's algorithm reads
+        if key.partition(".")[0] in ALGORITHMS.keys() - trained:
+            raise ConfigError(
+                f"space.{key} changes no trial: every trial trains algo="
+                f"{'|'.join(sorted(trained))}; search a setting that algorithm reads"
+            )
     for key, dist in sweep.space.items():
         for value in checked_values(dist):
             try:
