@@ -40,6 +40,7 @@ from train import main
         (["run_dir=/dev/null/run"], "run_dir='/dev/null/run' cannot be made: '/dev/null' is"),
         (["run_dir=/proc/run"], "run_dir='/proc/run' is on a file system that stores no files"),
         (["--config", "td3_pendulum.yaml"], "no such file (the preset: --config td3_pendulum)"),
+        (["--config", "/tmp"], "--config /tmp: is a directory: give a file"),
         (["algo=dqn", "env.name=FrozenLake-v1"], "observes Discrete(16): the networks read a Box"),
         (["algo=dqn", "env.name=Blackjack-v1"], "'Blackjack-v1' observes Tuple("),
         (["env.name=NoSuchEnv-v9"], "env.name"),

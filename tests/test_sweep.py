@@ -56,6 +56,8 @@ def write_sweep(tmp_path: Path, **changes: Any) -> Path:
     ("changes", "named"),
     [
         ({"bogus": 1}, "unknown key 'bogus'"),
+        ({"preset": "/nonexistent.yaml"}, "error: preset: /nonexistent.yaml: no such file"),
+        ({"preset": "/tmp"}, "error: preset: /tmp: is a directory: give a file"),
         ({"trials": 0}, "trials=0 is out of range"),
         ({"pruner": "mean"}, "pruner='mean' is not accepted: choose one of none, median"),
         ({"space": None}, "space is missing"),

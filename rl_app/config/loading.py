@@ -137,13 +137,15 @@ def describe_settings(config: RunConfig, docs: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def preset_file(preset: str) -> Path:
-    """``configs/<preset>.yaml``, or ``preset`` itself when it is a path to a YAML file."""
+def preset_file(preset: str, key: str = "--config") -> Path:
+    """``configs/<preset>.yaml``, or ``preset`` itself when it is a path to a YAML file;
+    :class:`ConfigError` names ``key``, where ``preset`` was given."""
     if preset.endswith((".yaml", ".yml")) or "/" in preset:
         if not Path(preset).is_file():
             stem = Path(preset).stem
-            hint = f" (the preset: --config {stem})" if stem in available_presets() else ""
-            raise ConfigError(f"--config {preset}: no such file{hint}")
+            hint = f" (the preset: {key} {stem})" if stem in available_presets() else ""
+            what = "is a directory: give a file" if Path(preset).is_dir() else "no such file"
+            raise ConfigError(f"{key} {preset}: {what}{hint}")
         return Path(preset)
     path = PRESETS_DIR / f"{preset}.yaml"
     if not path.is_file():

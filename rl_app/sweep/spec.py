@@ -30,6 +30,7 @@ from rl_app.config import (
     check_declared,
     conform,
     conform_value,
+    preset_file,
     read_yaml,
     refuse_a_file_in_the_way,
     setting,
@@ -126,6 +127,7 @@ def load_sweep(path: Path) -> Sweep:
                 f"{path}: unknown key {key!r}: accepted keys are {', '.join(accepted)}"
             )
     settings = read_settings(tree)
+    preset_file(settings.preset, key="preset:")
     if settings.sweep_dir is None:
         settings.sweep_dir = f"runs/sweep-{path.stem}"
     settings.sweep_dir = os.path.expanduser(settings.sweep_dir)  # "~": the user's home
