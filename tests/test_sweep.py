@@ -17,12 +17,13 @@ import yaml
 
 import rl_app.sweep
 from rl_app.checks import load_config
+from rl_app.config import Config
 from rl_app.logger import read_metrics
 from rl_app.run import train
 from rl_app.sweep.__main__ import main
 from rl_app.sweep.spec import JOURNAL_FILE, checked_values, load_sweep
 from rl_app.sweep.study import claim_next, open_study, run_trial
-from rl_app.sweep.summary import failed_trials
+from rl_app.sweep.summary import failed_trials, unfinished_trials
 from tests.helpers import PYTHON, ROOT, TINY_RUN, wait_for
 
 # optim.batch_size=48: a multiple of every replay.slice_len in SPACE.
@@ -164,6 +165,22 @@ def test_a_trial_whose_values_make_no_valid_run_together_fails_naming_why(tmp_pa
         "trial 0 failed: optim.batch_size=40 is not accepted: with a slice sampler it must be "
         "a multiple of replay.slice_len=16"
     ]
+
+
+def test_a_trial_a_signal_stopped_is_counted_unfinished(tmp_path: Path) -> None:
+    sweep = load_sweep(write_sweep(tmp_path))
+    sweep.dir.mkdir()
+    study = open_study(sweep)
+
+    def train_stopped_by_ctrl_c(config: Config, on_eval: Any) -> Any:
+        return train(config, on_eval=lambda *_: os.kill(os.getpid(), signal.SIGINT))
+
+    trial, claim = claim_next(study, sweep)
+    try:
+        assert run_trial(study, trial, sweep, train_stopped_by_ctrl_c).stopped_by == "SIGINT"
+    finally:
+        claim.release()
+    assert unfinished_trials(sweep) == [0]
 
 
 @pytest.mark.parametrize("objective", ["last", "best"])

@@ -65,6 +65,12 @@ def failed_trials(sweep: Sweep) -> list[str]:
     ]
 
 
+def unfinished_trials(sweep: Sweep) -> list[int]:
+    """The trials a stop left running: the sweep's next run resumes them."""
+    running = open_study(sweep).get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return [trial.number for trial in running]
+
+
 def table_columns(sweep: Sweep) -> list[str]:
     return ["number", "state", *sweep.space, "objective", "frames", "run_dir"]
 

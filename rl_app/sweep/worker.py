@@ -20,7 +20,7 @@ from rl_app.checks import load_config
 from rl_app.runlock import removed_if_refused
 from rl_app.sweep.spec import LOGS_DIR, SUMMARY_LOCK, Sweep, fixed_overrides
 from rl_app.sweep.study import TrainTrial, claim_next, open_study, prepare_sweep_dir, run_trial
-from rl_app.sweep.summary import failed_trials, write_summary
+from rl_app.sweep.summary import failed_trials, unfinished_trials, write_summary
 
 
 def work(sweep: Sweep, source: Path) -> int:
@@ -81,6 +81,11 @@ def run_sweep(sweep: Sweep, source: Path) -> int:
     with passed_on_signals([process for process, _ in workers]):
         codes = [process.wait() for process, _ in workers]
     print(f"summary: {write_summary(sweep)}")
+    if unfinished := unfinished_trials(sweep):
+        print(
+            f"stopped: trial(s) {', '.join(map(str, unfinished))} unfinished; the same command "
+            "resumes them"
+        )
     trial_failures = failed_trials(sweep)  # (its values make no valid run together, say)
     for failure in trial_failures:
         print(f"error: {failure}", file=sys.stderr)
