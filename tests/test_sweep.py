@@ -70,6 +70,10 @@ def write_sweep(tmp_path: Path, **changes: Any) -> Path:
         ({"space": {"optim.gamma": {"low": 0.9, "high": 1.5}}}, "space.optim.gamma=1.5"),
         ({"space": {"optim.lr": {"low": 1e-4, "high": 1e-3, "bins": 3}}}, "space.optim.lr="),
         ({"space": {"replay.slice_len": {"low": 4, "high": 16, "step": 5}}}, "divide"),
+        (
+            {"space": {"optim.gamma": {"low": 0.9, "high": 0.99, "step": 0.04}}},
+            "divide high - low = 0.09",
+        ),
         ({"space": {"dqn.loss": {"choices": ["l2", "l3"]}}}, "choose one of l2, smooth_l1"),
         ({"space": {"network.hidden_sizes": {"choices": [1, 2]}}}, "list setting"),
         ({"space": {"sac.tau": {"low": 0.001, "high": 0.01}}}, "space.sac.tau changes no trial"),

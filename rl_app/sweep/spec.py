@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -237,10 +238,11 @@ def range_distribution(
         raise ConfigError(f"{key}: log=true is not accepted with a step or with low <= 0")
     if step is not None:
         step = conform_value(f"{key}.step", step, kind, {})
-        if step <= 0 or (kind == "int" and (high - low) % step):
+        span = Decimal(str(high)) - Decimal(str(low))  # as Optuna checks it (then lowers high)
+        if step <= 0 or span % Decimal(str(step)):
             raise ConfigError(
-                f"{key}.step={step!r} is not accepted: it must be above 0"
-                + (f" and divide high - low = {high - low}" if kind == "int" else "")
+                f"{key}.step={step!r} is not accepted: it must be above 0 and divide "
+                f"high - low = {span}"
             )
     if kind == "int":
         return IntDistribution(low, high, log=log, step=step or 1)
