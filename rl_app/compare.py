@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -135,18 +136,26 @@ def group_runs(runs: Sequence[RunRecord]) -> dict[str, list[RunRecord]]:
     for run in runs:
         key = tuple(sorted((name, repr(value)) for name, value in run.settings.items()))
         groups.setdefault(key, []).append(run)
-    members = list(groups.values())
-    keys = sorted({key for group in members for key in group[0].settings})
+    algos = {run.settings.get("algo") for run in runs}
+    # A group's settings less the groups of the other algorithms compared (sac.* of a DQN run).
+    members = [
+        (group, {key: value for key, value in group[0].settings.items()
+                 if key.partition(".")[0] not in algos - {group[0].settings.get("algo")}})
+        for group in groups.values()
+    ]  # fmt: skip
+    keys = sorted({key for _, settings in members for key in settings})
     differing = [
-        key for key in keys if len({repr(group[0].settings.get(key)) for group in members}) > 1
+        key
+        for key in keys
+        if len({repr(settings[key]) for _, settings in members if key in settings}) > 1
     ]
-    return {group_label(group[0].settings, differing): group for group in members}
+    return {group_label(settings, differing): group for group, settings in members}
 
 
 def group_label(settings: dict[str, Any], differing: list[str]) -> str:
     if not differing:
         return f"{settings.get('algo')} on {settings.get('env.name')}"
-    return ", ".join(f"{key}={settings.get(key)}" for key in differing)
+    return ", ".join(f"{key}={settings[key]}" for key in differing if key in settings)
 
 
 def bootstrap_interval(
@@ -222,6 +231,10 @@ def groups_table(summaries: Sequence[GroupSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
+# Characters per line of a legend label: a panel's width at its font size.
+LEGEND_WIDTH = 64
+
+
 def plot_comparison(summaries: Sequence[GroupSummary], path: Path) -> None:
     """Mean evaluation return with its 95% bootstrap interval per group; groups of the same
     environment share a panel (returns of different environments do not compare)."""
@@ -231,17 +244,17 @@ def plot_comparison(summaries: Sequence[GroupSummary], path: Path) -> None:
         for group in (group for group in summaries if group.env_name == env_name):
             line = axes.plot(
                 group.curve_frames, group.curve_mean, marker="o", markersize=3,
-                label=f"{group.label} ({len(group.runs)} seeds)",
+                label=textwrap.fill(f"{group.label} ({len(group.runs)} seeds)", LEGEND_WIDTH),
             )[0]  # fmt: skip
             axes.fill_between(
                 group.curve_frames, group.curve_low, group.curve_high,
                 color=line.get_color(), alpha=0.2,
             )  # fmt: skip
         axes.set_title(env_name)
-        axes.legend(fontsize=7)
         label_eval_axes(axes)
-    figure.tight_layout()
-    figure.savefig(path, dpi=80)
+        # Below the panel, however long the labels: the saved figure grows to hold them.
+        axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.18))
+    figure.savefig(path, dpi=80, bbox_inches="tight")
     plt.close(figure)
 
 

@@ -22,10 +22,12 @@ from tests.helpers import PYTHON, ROOT
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def synthetic_run(run_dir: Path, overrides: list[str], evals: list[float]) -> Path:
+def synthetic_run(
+    run_dir: Path, overrides: list[str], evals: list[float], preset: str = "default"
+) -> Path:
     """A run directory as training leaves it: its config and one metrics row per evaluation."""
     run_dir.mkdir(parents=True)
-    config = load_config("default", [*overrides, f"run_dir={run_dir}", "logger.backend=none"])
+    config = load_config(preset, [*overrides, f"run_dir={run_dir}", "logger.backend=none"])
     (run_dir / "config.yaml").write_text(to_yaml(config))
     rows = [
         {"frames": 1000 * (index + 1), "wall_seconds": 30.0 * (index + 1), "eval/return": value}
@@ -83,6 +85,15 @@ def test_seeds_of_two_settings_make_two_groups_labelled_by_the_setting(
         f"{statistics.stdev(best):.1f} | 1.5 min |"
     ) in table
     assert (tmp_path / "out" / FIGURE_FILE).read_bytes()[:8] == PNG
+
+
+def test_runs_of_two_algorithms_are_labelled_by_their_own_settings_only(tmp_path: Path) -> None:
+    sac = synthetic_run(tmp_path / "sac", [], [-300.0])
+    dqn = synthetic_run(tmp_path / "dqn", [], [200.0], preset="dqn_cartpole")
+    labels = [group.label for group in compare([sac, dqn], tmp_path / "out")[0]]
+    assert labels[0].startswith("algo=sac, ") and labels[1].startswith("algo=dqn, ")
+    # Each run holds every algorithm's group; the other algorithm's is none of its business.
+    assert "dqn." not in labels[0] and "sac." not in labels[1], labels
 
 
 def test_a_goal_env_group_shows_its_final_and_best_success_rates(
