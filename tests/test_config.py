@@ -115,6 +115,17 @@ def test_a_mujoco_env_refused_is_one_line_without_mujoco_s_warnings_or_log_file(
     ]
 
 
+def test_a_key_given_twice_in_a_config_file_is_refused_naming_its_line(
+    refused: Callable[..., str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    twice = tmp_path_factory.mktemp("files") / "twice.yaml"
+    # YAML would keep the last; "<<" merges another mapping, which what follows overrides.
+    twice.write_text("base: &b {lr: 1.0e-3}\noptim:\n  <<: *b\n  lr: 2.0e-3\n  lr: 3.0e-3\n")
+    assert f"error: {twice}:5: not valid YAML (key 'lr' is given twice)" in refused(
+        "--config", str(twice)
+    )
+
+
 def test_out_of_range_message_says_what_is_accepted(refused: Callable[..., str]) -> None:
     error = refused("replay.slice_len=500")
     assert "500" in error and "200" in error  # Pendulum episodes: 200 steps

@@ -156,10 +156,30 @@ def preset_file(preset: str, key: str = "--config") -> Path:
     return path
 
 
+MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """YAML whose mappings give each key once: PyYAML would keep the last silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            if key_node.tag == MERGE_TAG:  # "<<: *base": what follows may override it
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path) -> dict[str, Any]:
     """A YAML mapping of settings; a syntax error is named with its file and line."""
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+        tree = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
