@@ -260,11 +260,19 @@ def plot_comparison(summaries: Sequence[GroupSummary], path: Path) -> None:
 
 def compare(paths: Sequence[Path], out: Path) -> tuple[list[GroupSummary], list[str]]:
     """Write ``compare.png`` and ``compare.md`` to ``out``; return the groups and the runs
-    skipped (one line each). A run given twice counts once."""
+    skipped (one line each). A run given twice, or a copy of one, counts once."""
     once: dict[Path, Path] = {}
     for path in paths:
         once.setdefault(path.resolve(), path)
-    runs, skipped = read_runs(list(once.values()))
+    readable, skipped = read_runs(list(once.values()))
+    runs: list[RunRecord] = []
+    for run in readable:
+        # Its metrics to the wall-clock second: not another seed, nor the same seed run again.
+        copied = next((r for r in runs if (r.settings, r.rows) == (run.settings, run.rows)), None)
+        if copied is None:
+            runs.append(run)
+        else:
+            skipped.append(f"{run.path}: a copy of {copied.path} (the same settings and metrics)")
     if not runs:
         raise UnreadableRun("no run to compare: " + "; ".join(skipped))
     summaries = [summarize_group(label, group) for label, group in group_runs(runs).items()]

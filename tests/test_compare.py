@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 from pathlib import Path
@@ -85,6 +86,13 @@ def test_seeds_of_two_settings_make_two_groups_labelled_by_the_setting(
         f"{statistics.stdev(best):.1f} | 1.5 min |"
     ) in table
     assert (tmp_path / "out" / FIGURE_FILE).read_bytes()[:8] == PNG
+
+
+def test_a_copy_of_a_run_counts_once(two_settings: list[Path], tmp_path: Path) -> None:
+    copy = shutil.copytree(two_settings[0], tmp_path / "backup")
+    summaries, skipped = compare([*two_settings, copy], tmp_path / "out")
+    assert sorted(len(group.runs) for group in summaries) == [3, 3]
+    assert skipped == [f"{copy}: a copy of {two_settings[0]} (the same settings and metrics)"]
 
 
 def test_runs_of_two_algorithms_are_labelled_by_their_own_settings_only(tmp_path: Path) -> None:
