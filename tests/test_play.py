@@ -162,6 +162,10 @@ def test_play_video_is_the_episode_in_mp4_and_gif(sac_run: Path, tmp_path: Path,
     result = play(sac_run, episodes=1, video=tmp_path / "episode.mp4")
     assert result.video == tmp_path / "episode.mp4" and result.video_note is None
     assert_episode_video(decoded_mp4(result.video), PENDULUM_FRAMES, 500, 500)
+    record = json.loads((tmp_path / "episode.mp4.metadata.json").read_text())  # the renderer's
+    assert [episode["return"] for episode in record["trajectories"]] == pytest.approx(
+        result.returns[:1]
+    )
     gif = play(sac_run, episodes=1, video=tmp_path / "episode.gif").video
     with Image.open(gif) as image:
         frames, durations = [], []
