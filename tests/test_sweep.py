@@ -120,6 +120,10 @@ def test_a_sweep_dir_continues_only_its_own_sweep(tmp_path: Path) -> None:
         load_sweep(write_sweep(tmp_path, space={**SPACE, "optim.lr": {"low": 1e-4, "high": 1e-2}}))
     with pytest.raises(ValueError, match=r"; preset differs\)"):
         load_sweep(write_sweep(tmp_path, preset="rdqn_cartpole_masked"))
+    # The same overrides in another order are the same sweep; another value is not.
+    load_sweep(write_sweep(tmp_path, overrides=[TINY_DQN[1], TINY_DQN[0], *TINY_DQN[2:]]))
+    with pytest.raises(ValueError, match=r"; overrides.optim.batch_size differs\)"):
+        load_sweep(write_sweep(tmp_path, overrides=[*TINY_DQN, "optim.batch_size=96"]))
     # Its study without its sweep file (deleted), or a run directory, is no sweep's.
     (sweep.dir / "sweep.yaml").unlink()
     for other in (JOURNAL_FILE, "metrics.jsonl"):

@@ -31,6 +31,8 @@ from rl_app.config import (
     check_declared,
     conform,
     conform_value,
+    flatten,
+    parse_overrides,
     preset_file,
     read_yaml,
     refuse_a_file_in_the_way,
@@ -320,10 +322,12 @@ def refuse_other_sweep(sweep: Sweep) -> None:
 
 
 def flatten_definition(definition: dict[str, Any]) -> dict[str, Any]:
-    """A sweep's definition key by key: its settings, ``overrides`` and ``space.<key>``."""
+    """A sweep's definition key by key: its settings, ``overrides.<key>`` (in any order) and
+    ``space.<key>``."""
+    overrides = flatten(parse_overrides(definition["overrides"]), "overrides.")
     return {
         **dataclasses.asdict(definition["settings"]),
-        "overrides": definition["overrides"],
+        **overrides,
         **{f"space.{key}": value for key, value in definition["space"].items()},
     }
 
