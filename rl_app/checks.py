@@ -326,8 +326,11 @@ def ray_cluster_cpus(address: str) -> float:
             f"ray.address={address!r} is unreachable ({error.strerror or error}): start the "
             "cluster (ray start --head) or unset ray.address to start a local Ray"
         ) from None
-    with connection:  # another server there would keep Ray's connect retrying for ever
-        if not answers_grpc(connection):
+    # Another server there would keep Ray's connect retrying for ever. (A cluster with TLS,
+    # RAY_USE_TLS=1, answers only a TLS client.)
+    plain = os.environ.get("RAY_USE_TLS", "0").lower() not in ("1", "true")
+    with connection:
+        if plain and not answers_grpc(connection):
             raise ConfigError(
                 f"ray.address={address!r} answers, but not as a Ray cluster: give the "
                 "address ray start --head prints (its GCS port, 6379 by default, not the "
