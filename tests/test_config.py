@@ -124,6 +124,8 @@ def test_a_key_given_twice_in_a_config_file_is_refused_naming_its_line(
     assert f"error: {twice}:5: not valid YAML (key 'lr' is given twice)" in refused(
         "--config", str(twice)
     )
+    twice.write_text("? [lr, lr]\n: 1\n")  # a key no mapping can hold
+    assert "not valid YAML (found unhashable key)" in refused("--config", str(twice))
 
 
 def test_out_of_range_message_says_what_is_accepted(refused: Callable[..., str]) -> None:

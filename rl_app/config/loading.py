@@ -15,6 +15,7 @@ import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Hashable
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +169,8 @@ class UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == MERGE_TAG:  # "<<: *base": what follows may override it
                 continue
             key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, Hashable):  # ([a, b]: 1) SafeLoader refuses it below
+                continue
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None, f"key {key!r} is given twice", key_node.start_mark
